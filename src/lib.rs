@@ -1,0 +1,10 @@
+//! awcp-mount: a policed FUSE mount of an AWCP delegated workspace over SSH/SFTP.
+//!
+//! Layers, from the kernel down (see `docs/ARCHITECTURE.md`):
+//! * [`fuse`]: the thin adapter from fuser's callbacks to the core; never touches the network.
+//! * [`core`]: the filesystem (inodes, handles, caches, errno inference); knows nothing of FUSE.
+//! * [`remote`]: the remote trait and its SFTP, local-directory and fault-injecting
+//!   implementations.
+
+pub mod error;
+pub mod remote;

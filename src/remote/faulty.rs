@@ -1,0 +1,1 @@
+//! Fault-injecting remote (being written).

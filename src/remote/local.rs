@@ -1,0 +1,1 @@
+//! Local-directory remote (being written).

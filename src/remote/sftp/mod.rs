@@ -1,0 +1,1 @@
+//! SFTP remote (being written).
