@@ -8,3 +8,11 @@
 
 pub mod error;
 pub mod remote;
+pub mod core;
+pub mod fuse;
+pub mod daemon;
+pub mod mount;
+pub mod mountinfo;
+pub mod options;
+pub mod unmount;
+pub mod kernel_mount;

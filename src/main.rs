@@ -1,1 +1,174 @@
-fn main(){}
+//! The `awcp-mount` command.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{ArgAction, Parser, Subcommand};
+
+use awcp_mount::daemon::{self, Readiness};
+use awcp_mount::mount::{self, MountRequest};
+use awcp_mount::options::{MountOptions, RemoteSpec};
+use awcp_mount::unmount;
+
+const AFTER_HELP: &str = "\
+Examples:
+  Mount a workspace (daemonizes once the mount is live, like sshfs):
+    awcp-mount awcp@10.0.0.5:/srv/ws /var/lib/awcp/mounts/ws -o IdentityFile=~/.ssh/awcp_key
+
+  The command line AWCP executors run for sshfs works unchanged:
+    awcp-mount awcp@127.0.0.1:/home/awcp/.awcp/environments/dlg_1/ /var/lib/awcp/mounts/dlg_1 \\
+      -o IdentityFile=key -o CertificateFile=key-cert.pub -o Port=2232 \\
+      -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o reconnect \\
+      -o ServerAliveInterval=15 -o ServerAliveCountMax=3 -o noappledouble -o follow_symlinks
+
+  Unmount:
+    awcp-mount umount /var/lib/awcp/mounts/ws      (or: fusermount3 -u, umount, SIGTERM)
+
+Options for -o (comma-separated, repeatable):
+  SSH:    IdentityFile=PATH  CertificateFile=PATH  Port=N  User=NAME
+          StrictHostKeyChecking=yes|no  UserKnownHostsFile=PATH  ConnectTimeout=SECS
+          ServerAliveInterval=SECS  ServerAliveCountMax=N
+  sshfs:  reconnect  follow_symlinks  max_conns=N (1-10, default 4)  idmap=user|none
+          dir_cache=yes|no  dcache_timeout=SECS  dcache_max_size=N  kernel_cache
+  FUSE:   ro  allow_other  allow_root  default_permissions  entry_timeout=SECS
+          attr_timeout=SECS  negative_timeout=SECS  fsname=NAME  subtype=NAME
+          noexec  noatime  sync
+  Accepted and ignored: macOS-only options (noappledouble, volname=, ...) and sshfs
+  tuning options with no effect here (big_writes, transform_symlinks, ...).
+  Any other option is an error.
+
+Logging: quiet by default; -d, or AWCP_MOUNT_LOG=debug (a tracing filter), for more.";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "awcp-mount",
+    version,
+    about = "Mount a directory lent by an AWCP delegator, over SSH/SFTP, with the executor's policy enforced",
+    long_about = "awcp-mount mounts [USER@]HOST:[DIR] on a local directory through its own FUSE \
+filesystem and a built-in SSH/SFTP client (no ssh or sshfs programs needed). It takes the same \
+command line as sshfs, so an AWCP executor can run it in place of sshfs.",
+    after_help = AFTER_HELP,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+
+    /// The remote directory: [USER@]HOST:[DIR] (DIR relative to the login directory; empty
+    /// for the login directory itself)
+    #[arg(value_name = "[USER@]HOST:[DIR]", required = true)]
+    remote: Option<String>,
+
+    /// The local directory to mount on (must exist and be empty)
+    #[arg(value_name = "MOUNTPOINT", required = true)]
+    mountpoint: Option<PathBuf>,
+
+    /// SSH port (same as -o Port=PORT)
+    #[arg(short = 'p', value_name = "PORT")]
+    port: Option<u16>,
+
+    /// Stay in the foreground (do not daemonize)
+    #[arg(short = 'f')]
+    foreground: bool,
+
+    /// Debug output (implies -f)
+    #[arg(short = 'd')]
+    debug: bool,
+
+    /// Mount options, comma-separated; repeatable (see below)
+    #[arg(short = 'o', value_name = "OPT[,OPT...]", action = ArgAction::Append)]
+    options: Vec<String>,
+
+    /// Accept only this server host key ("ssh-ed25519 AAAA...", or a .pub file); repeatable.
+    /// Replaces the known_hosts check.
+    #[arg(long = "host-key", value_name = "KEY")]
+    host_keys: Vec<String>,
+
+    /// Compression (accepted for sshfs compatibility; not used)
+    #[arg(short = 'C', hide = true)]
+    compression: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Unmount an awcp-mount mount point (flushes writes first)
+    #[command(alias = "unmount")]
+    Umount {
+        mountpoint: PathBuf,
+        /// Detach now even if files are open (the filesystem goes away when they close)
+        #[arg(short = 'l', long)]
+        lazy: bool,
+    },
+}
+
+fn init_logging(debug: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = match std::env::var("AWCP_MOUNT_LOG") {
+        Ok(f) if !f.is_empty() => EnvFilter::new(f),
+        _ if debug => EnvFilter::new("awcp_mount=debug,info"),
+        _ => EnvFilter::new("warn"),
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.debug);
+    match cli.command {
+        Some(Command::Umount { mountpoint, lazy }) => exit(unmount::unmount(&mountpoint, lazy)),
+        None => exit(mount_command(cli)),
+    }
+}
+
+fn exit(r: Result<(), String>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(msg) => {
+            eprintln!("awcp-mount: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn mount_command(cli: Cli) -> Result<(), String> {
+    let (Some(remote), Some(mountpoint)) = (cli.remote, cli.mountpoint) else {
+        return Err("usage: awcp-mount [USER@]HOST:[DIR] MOUNTPOINT [-o OPT,...] (see --help)".into());
+    };
+    let remote: RemoteSpec = remote.parse()?;
+    let mut options = MountOptions::default();
+    for list in &cli.options {
+        options.apply_list(list).map_err(|e| e.to_string())?;
+    }
+    let debug = cli.debug || options.debug;
+    if options.debug && !cli.debug {
+        init_logging(true);
+    }
+    let req = MountRequest {
+        remote,
+        mountpoint,
+        options,
+        port: cli.port,
+        foreground: cli.foreground || debug,
+        pinned_host_keys: cli.host_keys,
+        key_in_memory: None,
+        certificate_in_memory: None,
+    };
+    // Cheap checks first, in the foreground, so their errors reach the terminal directly.
+    mount::check_mountpoint(&req.mountpoint).map_err(|e| e.message)?;
+    mount::ssh_config(&req).map_err(|e| e.message)?;
+    let readiness = if req.foreground {
+        Readiness::none()
+    } else {
+        daemon::daemonize().map_err(|e| format!("cannot daemonize: {e}"))?
+    };
+    match mount::run(req, readiness) {
+        0 => Ok(()),
+        // run() has already reported the error.
+        _ => std::process::exit(1),
+    }
+}

@@ -1,1 +1,1054 @@
-//! Fault-injecting remote (being written).
+//! A [`Remote`] wrapper that injects failures, for the core's failure tests.
+//!
+//! [`FaultyRemote`] forwards every call to the remote it wraps, after consulting a shared
+//! [`FaultPlan`] that a test adjusts while the core runs (keep a clone of [`FaultyRemote::plan`]):
+//!
+//! * [`FaultPlan::fail_next`] / [`FaultPlan::fail_always`]: calls of one [`Op`] fail with a
+//!   chosen error without reaching the remote; [`FaultPlan::fail_next_after_performing`]: the
+//!   call happens on the remote but the error is returned (the reply was lost);
+//! * [`FaultPlan::disconnect`] / [`FaultPlan::restore`]: the connection drops: every call fails
+//!   with [`RemoteError::Disconnected`] until restored, and handles opened before the drop then
+//!   answer [`RemoteError::StaleHandle`]. [`FaultPlan::disconnect_on_next`] and
+//!   [`FaultPlan::disconnect_after_next`] drop it at a chosen call. A call in flight when the
+//!   connection drops gets `Disconnected` (its reply is lost; it may have happened);
+//! * [`FaultPlan::set_short_reads`]: reads return at most K bytes;
+//! * [`FaultPlan::set_delay`] / [`FaultPlan::set_op_delay`]: each call waits first;
+//! * [`FaultPlan::calls`]: how many calls of each [`Op`] the core made (whether they failed or
+//!   not), e.g. to check that a cached getattr did not reach the remote.
+//!
+//! Like a server, the wrapper closes the handles of a dropped connection on the wrapped remote
+//! (lazily: on the next call, or [`FaultyRemote::reap_stale_handles`]), so a wrapped
+//! [`LocalRemote`](super::local::LocalRemote)'s open-handle count stays meaningful.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{
+    Attrs, DirEntry, Limits, OpenFlags, Remote, RemoteError, RemoteResult, RenameMode, SetAttrs,
+    StatVfs, WriteAck,
+};
+
+/// One kind of remote operation: one method of [`Remote`] (`write_queued` counts as
+/// [`Op::Write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    Lstat,
+    Stat,
+    Fstat,
+    Setstat,
+    Lsetstat,
+    Fsetstat,
+    ReadDir,
+    Open,
+    Read,
+    Write,
+    Fsync,
+    Close,
+    Remove,
+    Mkdir,
+    Rmdir,
+    Rename,
+    Symlink,
+    Readlink,
+    Hardlink,
+    Statvfs,
+    Realpath,
+}
+
+impl Op {
+    pub const ALL: [Op; 21] = [
+        Op::Lstat,
+        Op::Stat,
+        Op::Fstat,
+        Op::Setstat,
+        Op::Lsetstat,
+        Op::Fsetstat,
+        Op::ReadDir,
+        Op::Open,
+        Op::Read,
+        Op::Write,
+        Op::Fsync,
+        Op::Close,
+        Op::Remove,
+        Op::Mkdir,
+        Op::Rmdir,
+        Op::Rename,
+        Op::Symlink,
+        Op::Readlink,
+        Op::Hardlink,
+        Op::Statvfs,
+        Op::Realpath,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Fault {
+    Error(RemoteError),
+    Disconnect,
+}
+
+#[derive(Debug, Clone)]
+struct Injection {
+    fault: Fault,
+    /// Perform the call on the wrapped remote first, then fail (a lost reply).
+    perform: bool,
+    /// Calls left to fail; `None`: until cleared.
+    remaining: Option<usize>,
+}
+
+#[derive(Debug, Default)]
+struct PlanState {
+    injections: HashMap<Op, VecDeque<Injection>>,
+    disconnected: bool,
+    /// Bumped at each disconnect: handles of an older generation are stale.
+    generation: u64,
+    short_reads: Option<u32>,
+    delay: Option<Duration>,
+    op_delays: HashMap<Op, Duration>,
+}
+
+/// The faults a [`FaultyRemote`] injects. Shared (`Arc`) between the remote and the test, and
+/// adjustable at any time through `&self`.
+#[derive(Debug)]
+pub struct FaultPlan {
+    state: Mutex<PlanState>,
+    calls: [AtomicU64; Op::ALL.len()],
+}
+
+impl Default for FaultPlan {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What the plan decided for one call, before it reaches the wrapped remote.
+struct Ticket {
+    /// The connection generation the call was sent on.
+    generation: u64,
+    /// Fail after performing the call.
+    after: Option<Fault>,
+}
+
+fn disconnected() -> RemoteError {
+    RemoteError::Disconnected("simulated connection loss".to_owned())
+}
+
+impl FaultPlan {
+    /// A plan that injects nothing.
+    pub fn new() -> Self {
+        FaultPlan {
+            state: Mutex::new(PlanState::default()),
+            calls: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, PlanState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn inject(&self, op: Op, injection: Injection) {
+        self.lock()
+            .injections
+            .entry(op)
+            .or_default()
+            .push_back(injection);
+    }
+
+    /// The next `n` calls of `op` fail with `err` without reaching the remote. Queued behind
+    /// any injection already pending for `op`.
+    pub fn fail_next(&self, op: Op, n: usize, err: RemoteError) {
+        if n > 0 {
+            self.inject(
+                op,
+                Injection {
+                    fault: Fault::Error(err),
+                    perform: false,
+                    remaining: Some(n),
+                },
+            );
+        }
+    }
+
+    /// The next `n` calls of `op` are performed on the remote, but the caller gets `err` (the
+    /// reply was lost). A handle opened this way is closed again on the remote.
+    pub fn fail_next_after_performing(&self, op: Op, n: usize, err: RemoteError) {
+        if n > 0 {
+            self.inject(
+                op,
+                Injection {
+                    fault: Fault::Error(err),
+                    perform: true,
+                    remaining: Some(n),
+                },
+            );
+        }
+    }
+
+    /// Every call of `op` fails with `err` until [`FaultPlan::clear_failures`] (injections
+    /// queued after this one never fire meanwhile).
+    pub fn fail_always(&self, op: Op, err: RemoteError) {
+        self.inject(
+            op,
+            Injection {
+                fault: Fault::Error(err),
+                perform: false,
+                remaining: None,
+            },
+        );
+    }
+
+    /// The next call of `op` drops the connection before reaching the server (as
+    /// [`FaultPlan::disconnect`]) and fails with `Disconnected`.
+    pub fn disconnect_on_next(&self, op: Op) {
+        self.inject(
+            op,
+            Injection {
+                fault: Fault::Disconnect,
+                perform: false,
+                remaining: Some(1),
+            },
+        );
+    }
+
+    /// The next call of `op` is performed on the server, then the connection drops before
+    /// the reply: the caller gets `Disconnected`.
+    pub fn disconnect_after_next(&self, op: Op) {
+        self.inject(
+            op,
+            Injection {
+                fault: Fault::Disconnect,
+                perform: true,
+                remaining: Some(1),
+            },
+        );
+    }
+
+    /// Forget the injections pending for `op`.
+    pub fn clear_failures(&self, op: Op) {
+        self.lock().injections.remove(&op);
+    }
+
+    /// Forget every pending injection, short-read limit and delay (not the connection state
+    /// nor the counts).
+    pub fn clear_all(&self) {
+        let mut s = self.lock();
+        s.injections.clear();
+        s.short_reads = None;
+        s.delay = None;
+        s.op_delays.clear();
+    }
+
+    /// Drop the connection: every call fails with [`RemoteError::Disconnected`] until
+    /// [`FaultPlan::restore`], and the handles open now become stale for good. Dropping an
+    /// already dropped connection does nothing.
+    pub fn disconnect(&self) {
+        Self::drop_connection(&mut self.lock());
+    }
+
+    fn drop_connection(s: &mut PlanState) {
+        if !s.disconnected {
+            s.disconnected = true;
+            s.generation += 1;
+        }
+    }
+
+    /// A new connection is up: calls go through again; handles opened before the drop answer
+    /// [`RemoteError::StaleHandle`].
+    pub fn restore(&self) {
+        self.lock().disconnected = false;
+    }
+
+    pub fn is_disconnected(&self) -> bool {
+        self.lock().disconnected
+    }
+
+    /// How many times the connection has dropped.
+    pub fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Reads return at most `max` bytes (`None`: as many as the remote gives).
+    pub fn set_short_reads(&self, max: Option<u32>) {
+        self.lock().short_reads = max;
+    }
+
+    /// Every call waits `delay` before going to the remote (an [`FaultPlan::set_op_delay`]
+    /// takes precedence).
+    pub fn set_delay(&self, delay: Option<Duration>) {
+        self.lock().delay = delay;
+    }
+
+    /// Calls of `op` wait `delay` before going to the remote.
+    pub fn set_op_delay(&self, op: Op, delay: Option<Duration>) {
+        let mut s = self.lock();
+        match delay {
+            Some(d) => s.op_delays.insert(op, d),
+            None => s.op_delays.remove(&op),
+        };
+    }
+
+    /// Calls of `op` made so far (including those that failed, injected or not).
+    pub fn calls(&self, op: Op) -> u64 {
+        self.calls[op.index()].load(Ordering::SeqCst)
+    }
+
+    /// Calls of every kind made so far.
+    pub fn total_calls(&self) -> u64 {
+        Op::ALL.iter().map(|&op| self.calls(op)).sum()
+    }
+
+    /// The non-zero counts, by operation.
+    pub fn call_counts(&self) -> HashMap<Op, u64> {
+        Op::ALL
+            .iter()
+            .map(|&op| (op, self.calls(op)))
+            .filter(|&(_, n)| n > 0)
+            .collect()
+    }
+
+    pub fn reset_counts(&self) {
+        for c in &self.calls {
+            c.store(0, Ordering::SeqCst);
+        }
+    }
+
+    fn count(&self, op: Op) {
+        self.calls[op.index()].fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn delay_for(&self, op: Op) -> Option<Duration> {
+        let s = self.lock();
+        s.op_delays.get(&op).copied().or(s.delay)
+    }
+
+    fn short_reads(&self) -> Option<u32> {
+        self.lock().short_reads
+    }
+
+    /// Decide the fate of a call of `op` (on a handle of generation `handle_generation`).
+    fn decide(&self, op: Op, handle_generation: Option<u64>) -> RemoteResult<Ticket> {
+        let mut s = self.lock();
+        if s.disconnected {
+            return Err(disconnected());
+        }
+        if handle_generation.is_some_and(|g| g != s.generation) {
+            return Err(RemoteError::StaleHandle);
+        }
+        let mut ticket = Ticket {
+            generation: s.generation,
+            after: None,
+        };
+        let Some(queue) = s.injections.get_mut(&op) else {
+            return Ok(ticket);
+        };
+        let Some(front) = queue.front_mut() else {
+            return Ok(ticket);
+        };
+        let injection = front.clone();
+        if let Some(n) = &mut front.remaining {
+            *n -= 1;
+            if *n == 0 {
+                queue.pop_front();
+            }
+        }
+        if injection.perform {
+            ticket.after = Some(injection.fault);
+            return Ok(ticket);
+        }
+        match injection.fault {
+            Fault::Error(e) => Err(e),
+            Fault::Disconnect => {
+                Self::drop_connection(&mut s);
+                Err(disconnected())
+            }
+        }
+    }
+
+    /// After the call was performed: the error to report instead of its result, if any.
+    fn verdict(&self, ticket: Ticket) -> RemoteResult<()> {
+        let mut s = self.lock();
+        match ticket.after {
+            Some(Fault::Error(e)) => Err(e),
+            Some(Fault::Disconnect) => {
+                Self::drop_connection(&mut s);
+                Err(disconnected())
+            }
+            // The connection dropped while the call was in flight: the reply is lost.
+            None if s.generation != ticket.generation => Err(disconnected()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A handle of a [`FaultyRemote`]: the wrapped remote's handle and the connection generation
+/// it was opened on.
+#[derive(Debug, Clone)]
+pub struct FaultyHandle<H> {
+    inner: H,
+    generation: u64,
+    /// Key in the wrapper's table of open handles.
+    id: u64,
+}
+
+impl<H> FaultyHandle<H> {
+    /// The wrapped remote's handle.
+    pub fn inner(&self) -> &H {
+        &self.inner
+    }
+
+    /// The connection generation the handle was opened on.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+/// Wraps a remote and injects the faults of its [`FaultPlan`].
+pub struct FaultyRemote<R: Remote> {
+    inner: R,
+    plan: Arc<FaultPlan>,
+    /// Handles open on `inner`, by id, with their generation: closed on `inner` once their
+    /// connection has dropped.
+    open: Mutex<HashMap<u64, (u64, R::Handle)>>,
+    next_id: AtomicU64,
+    /// The generation up to which stale handles have been closed.
+    reaped: AtomicU64,
+}
+
+impl<R: Remote> FaultyRemote<R> {
+    /// Wrap `inner` with a fresh plan that injects nothing.
+    pub fn new(inner: R) -> Self {
+        Self::with_plan(inner, Arc::new(FaultPlan::new()))
+    }
+
+    /// Wrap `inner`, following `plan` (which may be shared with other wrappers).
+    pub fn with_plan(inner: R, plan: Arc<FaultPlan>) -> Self {
+        let reaped = AtomicU64::new(plan.generation());
+        FaultyRemote {
+            inner,
+            plan,
+            open: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            reaped,
+        }
+    }
+
+    /// The plan; clone it to keep a control handle.
+    pub fn plan(&self) -> &Arc<FaultPlan> {
+        &self.plan
+    }
+
+    pub fn inner(&self) -> &R {
+        &self.inner
+    }
+
+    fn open_table(&self) -> MutexGuard<'_, HashMap<u64, (u64, R::Handle)>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Close on the wrapped remote the handles of connections that have dropped, as the
+    /// server does when a session ends. Done at the start of every call anyway.
+    pub async fn reap_stale_handles(&self) {
+        let generation = self.plan.generation();
+        if self.reaped.fetch_max(generation, Ordering::SeqCst) >= generation {
+            return;
+        }
+        let stale: Vec<R::Handle> = {
+            let mut table = self.open_table();
+            let ids: Vec<u64> = table
+                .iter()
+                .filter(|(_, (g, _))| *g < generation)
+                .map(|(&id, _)| id)
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| table.remove(&id))
+                .map(|(_, h)| h)
+                .collect()
+        };
+        for handle in stale {
+            let _ = self.inner.close(&handle).await;
+        }
+    }
+
+    /// Everything before a call reaches the wrapped remote: count, reap, wait, decide.
+    async fn enter(&self, op: Op, handle_generation: Option<u64>) -> RemoteResult<Ticket> {
+        self.plan.count(op);
+        self.reap_stale_handles().await;
+        if let Some(delay) = self.plan.delay_for(op) {
+            tokio::time::sleep(delay).await;
+        }
+        self.plan.decide(op, handle_generation)
+    }
+
+    /// A call on a path: the wrapped remote's answer unless the plan says otherwise.
+    ///
+    /// `call` makes the wrapped remote's future only once the call may go ahead: an
+    /// implementation is free to send its request when the future is made.
+    async fn forward<T, F>(&self, op: Op, call: impl FnOnce() -> F) -> RemoteResult<T>
+    where
+        F: Future<Output = RemoteResult<T>>,
+    {
+        let ticket = self.enter(op, None).await?;
+        let result = call().await;
+        self.plan.verdict(ticket)?;
+        result
+    }
+
+    /// A call on a handle: as [`Self::forward`], but a handle of a dropped connection is stale.
+    async fn forward_handle<T, F>(
+        &self,
+        op: Op,
+        handle: &FaultyHandle<R::Handle>,
+        call: impl FnOnce() -> F,
+    ) -> RemoteResult<T>
+    where
+        F: Future<Output = RemoteResult<T>>,
+    {
+        let ticket = self.enter(op, Some(handle.generation)).await?;
+        let result = call().await;
+        self.plan.verdict(ticket)?;
+        result
+    }
+}
+
+impl<R: Remote> Remote for FaultyRemote<R> {
+    type Handle = FaultyHandle<R::Handle>;
+
+    fn limits(&self) -> Limits {
+        self.inner.limits()
+    }
+
+    async fn lstat(&self, path: &Path) -> RemoteResult<Attrs> {
+        self.forward(Op::Lstat, || self.inner.lstat(path)).await
+    }
+
+    async fn stat(&self, path: &Path) -> RemoteResult<Attrs> {
+        self.forward(Op::Stat, || self.inner.stat(path)).await
+    }
+
+    async fn fstat(&self, handle: &Self::Handle) -> RemoteResult<Attrs> {
+        self.forward_handle(Op::Fstat, handle, || self.inner.fstat(&handle.inner))
+            .await
+    }
+
+    async fn setstat(&self, path: &Path, attrs: SetAttrs) -> RemoteResult<()> {
+        self.forward(Op::Setstat, || self.inner.setstat(path, attrs))
+            .await
+    }
+
+    async fn lsetstat(&self, path: &Path, attrs: SetAttrs) -> RemoteResult<()> {
+        self.forward(Op::Lsetstat, || self.inner.lsetstat(path, attrs))
+            .await
+    }
+
+    async fn fsetstat(&self, handle: &Self::Handle, attrs: SetAttrs) -> RemoteResult<()> {
+        self.forward_handle(Op::Fsetstat, handle, || {
+            self.inner.fsetstat(&handle.inner, attrs)
+        })
+        .await
+    }
+
+    async fn read_dir(&self, path: &Path) -> RemoteResult<Vec<DirEntry>> {
+        self.forward(Op::ReadDir, || self.inner.read_dir(path))
+            .await
+    }
+
+    async fn open(&self, path: &Path, flags: OpenFlags, perm: u32) -> RemoteResult<Self::Handle> {
+        let ticket = self.enter(Op::Open, None).await?;
+        let generation = ticket.generation;
+        let result = self.inner.open(path, flags, perm).await;
+        if let Err(e) = self.plan.verdict(ticket) {
+            // The server opened it but the reply was lost: the handle is unreachable.
+            if let Ok(handle) = result {
+                let _ = self.inner.close(&handle).await;
+            }
+            return Err(e);
+        }
+        let inner = result?;
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        self.open_table().insert(id, (generation, inner.clone()));
+        if self.plan.generation() != generation {
+            // Dropped just now: close it unless the reaper already has.
+            let entry = self.open_table().remove(&id);
+            if let Some((_, handle)) = entry {
+                let _ = self.inner.close(&handle).await;
+            }
+            return Err(disconnected());
+        }
+        Ok(FaultyHandle {
+            inner,
+            generation,
+            id,
+        })
+    }
+
+    async fn read(&self, handle: &Self::Handle, offset: u64, len: u32) -> RemoteResult<Bytes> {
+        let len = match self.plan.short_reads() {
+            Some(max) => len.min(max),
+            None => len,
+        };
+        self.forward_handle(Op::Read, handle, || {
+            self.inner.read(&handle.inner, offset, len)
+        })
+        .await
+    }
+
+    async fn write(&self, handle: &Self::Handle, offset: u64, data: Bytes) -> RemoteResult<()> {
+        self.forward_handle(Op::Write, handle, || {
+            self.inner.write(&handle.inner, offset, data)
+        })
+        .await
+    }
+
+    /// Forwarded to the wrapped remote's `write_queued` (so its pipelining is kept); counted
+    /// and faulted as [`Op::Write`]. An injected failure, or a drop before the answer, shows
+    /// in the returned acknowledgement.
+    async fn write_queued(
+        &self,
+        handle: &Self::Handle,
+        offset: u64,
+        data: Bytes,
+    ) -> RemoteResult<WriteAck> {
+        let ticket = self.enter(Op::Write, Some(handle.generation)).await?;
+        let queued = self.inner.write_queued(&handle.inner, offset, data).await;
+        let ack = match queued {
+            Ok(ack) => ack,
+            Err(e) => {
+                self.plan.verdict(ticket)?;
+                return Err(e);
+            }
+        };
+        let plan = Arc::clone(&self.plan);
+        Ok(Box::pin(async move {
+            let result = ack.await;
+            plan.verdict(ticket)?;
+            result
+        }))
+    }
+
+    async fn fsync(&self, handle: &Self::Handle) -> RemoteResult<()> {
+        self.forward_handle(Op::Fsync, handle, || self.inner.fsync(&handle.inner))
+            .await
+    }
+
+    async fn close(&self, handle: &Self::Handle) -> RemoteResult<()> {
+        // Not forwarded when the plan refuses it (the server never saw the CLOSE, the handle
+        // stays open there); a stale handle was closed by the reaper.
+        let ticket = self.enter(Op::Close, Some(handle.generation)).await?;
+        self.open_table().remove(&handle.id);
+        let result = self.inner.close(&handle.inner).await;
+        self.plan.verdict(ticket)?;
+        result
+    }
+
+    async fn remove(&self, path: &Path) -> RemoteResult<()> {
+        self.forward(Op::Remove, || self.inner.remove(path)).await
+    }
+
+    async fn mkdir(&self, path: &Path, perm: u32) -> RemoteResult<()> {
+        self.forward(Op::Mkdir, || self.inner.mkdir(path, perm))
+            .await
+    }
+
+    async fn rmdir(&self, path: &Path) -> RemoteResult<()> {
+        self.forward(Op::Rmdir, || self.inner.rmdir(path)).await
+    }
+
+    async fn rename(&self, from: &Path, to: &Path, mode: RenameMode) -> RemoteResult<()> {
+        self.forward(Op::Rename, || self.inner.rename(from, to, mode))
+            .await
+    }
+
+    async fn symlink(&self, target: &Path, link: &Path) -> RemoteResult<()> {
+        self.forward(Op::Symlink, || self.inner.symlink(target, link))
+            .await
+    }
+
+    async fn readlink(&self, path: &Path) -> RemoteResult<PathBuf> {
+        self.forward(Op::Readlink, || self.inner.readlink(path))
+            .await
+    }
+
+    async fn hardlink(&self, existing: &Path, new: &Path) -> RemoteResult<()> {
+        self.forward(Op::Hardlink, || self.inner.hardlink(existing, new))
+            .await
+    }
+
+    async fn statvfs(&self, path: &Path) -> RemoteResult<StatVfs> {
+        self.forward(Op::Statvfs, || self.inner.statvfs(path)).await
+    }
+
+    async fn realpath(&self, path: &Path) -> RemoteResult<PathBuf> {
+        self.forward(Op::Realpath, || self.inner.realpath(path))
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::remote::local::LocalRemote;
+    use crate::remote::Status;
+
+    fn setup() -> (tempfile::TempDir, FaultyRemote<LocalRemote>, Arc<FaultPlan>) {
+        let dir = tempfile::tempdir().unwrap();
+        let remote = FaultyRemote::new(LocalRemote::new());
+        let plan = Arc::clone(remote.plan());
+        (dir, remote, plan)
+    }
+
+    fn failure(msg: &str) -> RemoteError {
+        RemoteError::Status(Status::Failure, msg.to_owned())
+    }
+
+    fn rw_create() -> OpenFlags {
+        OpenFlags {
+            read: true,
+            write: true,
+            create: true,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn passes_calls_through_and_counts_them() {
+        let (dir, r, plan) = setup();
+        let path = dir.path().join("f");
+        let h = r.open(&path, rw_create(), 0o644).await.unwrap();
+        assert_eq!(h.generation(), 0);
+        r.write(&h, 0, Bytes::from_static(b"hello")).await.unwrap();
+        assert_eq!(&r.read(&h, 0, 10).await.unwrap()[..], b"hello");
+        assert_eq!(r.fstat(&h).await.unwrap().size, Some(5));
+        r.close(&h).await.unwrap();
+        assert_eq!(r.lstat(&path).await.unwrap().size, Some(5));
+        assert_eq!(r.lstat(&path).await.unwrap().size, Some(5));
+        // Errors of the wrapped remote come through unchanged, and count too.
+        assert_eq!(
+            r.stat(&dir.path().join("missing"))
+                .await
+                .unwrap_err()
+                .status(),
+            Some(Status::NoSuchFile)
+        );
+        assert_eq!(r.limits(), r.inner().limits());
+
+        assert_eq!(plan.calls(Op::Lstat), 2);
+        assert_eq!(plan.calls(Op::Stat), 1);
+        assert_eq!(plan.calls(Op::Open), 1);
+        assert_eq!(plan.calls(Op::Mkdir), 0);
+        assert_eq!(plan.total_calls(), 8);
+        assert_eq!(plan.call_counts().len(), 7);
+        plan.reset_counts();
+        assert_eq!(plan.total_calls(), 0);
+        assert_eq!(r.inner().open_handles(), 0);
+    }
+
+    #[tokio::test]
+    async fn fail_next_fails_n_calls_without_reaching_the_remote() {
+        let (dir, r, plan) = setup();
+        let sub = dir.path().join("sub");
+        plan.fail_next(Op::Mkdir, 2, failure("injected"));
+        plan.fail_next(Op::Mkdir, 1, RemoteError::Unsupported("x"));
+        assert_eq!(r.mkdir(&sub, 0o755).await, Err(failure("injected")));
+        assert_eq!(r.mkdir(&sub, 0o755).await, Err(failure("injected")));
+        assert_eq!(
+            r.mkdir(&sub, 0o755).await,
+            Err(RemoteError::Unsupported("x"))
+        );
+        assert!(!sub.exists());
+        // Other operations are unaffected.
+        r.lstat(dir.path()).await.unwrap();
+        r.mkdir(&sub, 0o755).await.unwrap();
+        assert!(sub.is_dir());
+        assert_eq!(plan.calls(Op::Mkdir), 4);
+        // n = 0 injects nothing.
+        plan.fail_next(Op::Rmdir, 0, failure("never"));
+        r.rmdir(&sub).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn fail_after_performing_loses_the_reply() {
+        let (dir, r, plan) = setup();
+        let sub = dir.path().join("sub");
+        plan.fail_next_after_performing(Op::Mkdir, 1, RemoteError::Disconnected("lost".into()));
+        assert!(r
+            .mkdir(&sub, 0o755)
+            .await
+            .unwrap_err()
+            .is_connection_error());
+        assert!(sub.is_dir());
+        // The retry sees the effect of the first attempt.
+        assert_eq!(
+            r.mkdir(&sub, 0o755).await.unwrap_err().status(),
+            Some(Status::Failure)
+        );
+
+        // An open whose reply is lost leaves no handle open on the server.
+        plan.fail_next_after_performing(Op::Open, 1, failure("lost"));
+        let path = dir.path().join("f");
+        assert!(r.open(&path, rw_create(), 0o644).await.is_err());
+        assert!(path.exists());
+        assert_eq!(r.inner().open_handles(), 0);
+    }
+
+    #[tokio::test]
+    async fn fail_always_until_cleared() {
+        let (dir, r, plan) = setup();
+        plan.fail_always(Op::Statvfs, RemoteError::Unsupported("statvfs@openssh.com"));
+        for _ in 0..3 {
+            assert_eq!(
+                r.statvfs(dir.path()).await,
+                Err(RemoteError::Unsupported("statvfs@openssh.com"))
+            );
+        }
+        plan.clear_failures(Op::Statvfs);
+        r.statvfs(dir.path()).await.unwrap();
+
+        plan.fail_always(Op::Lstat, failure("a"));
+        plan.fail_next(Op::Stat, 5, failure("b"));
+        plan.clear_all();
+        r.lstat(dir.path()).await.unwrap();
+        r.stat(dir.path()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn disconnect_then_restore_makes_old_handles_stale() {
+        let (dir, r, plan) = setup();
+        let path = dir.path().join("f");
+        let old = r.open(&path, rw_create(), 0o644).await.unwrap();
+        r.write(&old, 0, Bytes::from_static(b"before"))
+            .await
+            .unwrap();
+        assert_eq!(r.inner().open_handles(), 1);
+
+        plan.disconnect();
+        assert!(plan.is_disconnected());
+        assert_eq!(plan.generation(), 1);
+        for result in [
+            r.lstat(&path).await.map(drop),
+            r.read(&old, 0, 1).await.map(drop),
+            r.open(&path, OpenFlags::read_only(), 0).await.map(drop),
+            r.close(&old).await,
+        ] {
+            assert!(
+                matches!(result, Err(RemoteError::Disconnected(_))),
+                "{result:?}"
+            );
+        }
+        // The server closed the dropped session's handles.
+        assert_eq!(r.inner().open_handles(), 0);
+
+        plan.restore();
+        assert!(!plan.is_disconnected());
+        assert_eq!(r.read(&old, 0, 6).await, Err(RemoteError::StaleHandle));
+        assert_eq!(
+            r.write(&old, 0, Bytes::from_static(b"x")).await,
+            Err(RemoteError::StaleHandle)
+        );
+        assert_eq!(r.fstat(&old).await, Err(RemoteError::StaleHandle));
+        assert_eq!(r.fsync(&old).await, Err(RemoteError::StaleHandle));
+        assert_eq!(r.close(&old).await, Err(RemoteError::StaleHandle));
+
+        // Reopening by path works, on the new generation.
+        let new = r.open(&path, rw_create().for_reopen(), 0).await.unwrap();
+        assert_eq!(new.generation(), 1);
+        assert_eq!(&r.read(&new, 0, 6).await.unwrap()[..], b"before");
+        r.close(&new).await.unwrap();
+        assert_eq!(r.inner().open_handles(), 0);
+    }
+
+    #[tokio::test]
+    async fn stale_handles_are_reaped_on_request() {
+        let (dir, r, plan) = setup();
+        let h = r
+            .open(&dir.path().join("f"), rw_create(), 0o644)
+            .await
+            .unwrap();
+        plan.disconnect();
+        plan.disconnect(); // idempotent
+        plan.restore();
+        assert_eq!(plan.generation(), 1);
+        assert_eq!(r.inner().open_handles(), 1);
+        r.reap_stale_handles().await;
+        assert_eq!(r.inner().open_handles(), 0);
+        assert!(h.inner().is_closed());
+    }
+
+    #[tokio::test]
+    async fn disconnect_on_a_chosen_call() {
+        let (dir, r, plan) = setup();
+        let path = dir.path().join("f");
+        let h = r.open(&path, rw_create(), 0o644).await.unwrap();
+        r.write(&h, 0, Bytes::from_static(b"one")).await.unwrap();
+
+        // The second write never reaches the server.
+        plan.disconnect_on_next(Op::Write);
+        assert!(matches!(
+            r.write(&h, 3, Bytes::from_static(b"two")).await,
+            Err(RemoteError::Disconnected(_))
+        ));
+        assert!(plan.is_disconnected());
+        assert_eq!(std::fs::read(&path).unwrap(), b"one");
+        plan.restore();
+
+        // This one does, and then the connection drops before the answer.
+        let h = r.open(&path, rw_create(), 0).await.unwrap();
+        plan.disconnect_after_next(Op::Write);
+        assert!(matches!(
+            r.write(&h, 3, Bytes::from_static(b"two")).await,
+            Err(RemoteError::Disconnected(_))
+        ));
+        assert!(plan.is_disconnected());
+        assert_eq!(std::fs::read(&path).unwrap(), b"onetwo");
+        plan.restore();
+        assert_eq!(plan.generation(), 2);
+        assert_eq!(r.fstat(&h).await, Err(RemoteError::StaleHandle));
+        r.lstat(&path).await.unwrap();
+        assert_eq!(r.inner().open_handles(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_call_in_flight_when_the_connection_drops_loses_its_reply() {
+        // The inner wrapper's delay stands for a server that is slow to answer.
+        let dir = tempfile::tempdir().unwrap();
+        let slow = FaultyRemote::new(LocalRemote::new());
+        slow.plan()
+            .set_op_delay(Op::Mkdir, Some(Duration::from_millis(300)));
+        let r = Arc::new(FaultyRemote::new(slow));
+        let plan = Arc::clone(r.plan());
+        let sub = dir.path().join("sub");
+        let call = {
+            let (r, sub) = (Arc::clone(&r), sub.clone());
+            tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        plan.disconnect();
+        plan.restore();
+        assert!(matches!(
+            call.await.unwrap(),
+            Err(RemoteError::Disconnected(_))
+        ));
+        // It happened all the same.
+        assert!(sub.is_dir());
+    }
+
+    #[tokio::test]
+    async fn a_call_still_waiting_to_be_sent_goes_on_the_new_connection() {
+        let (dir, r, plan) = setup();
+        let r = Arc::new(r);
+        plan.set_op_delay(Op::Mkdir, Some(Duration::from_millis(300)));
+        let sub = dir.path().join("sub");
+        let call = {
+            let (r, sub) = (Arc::clone(&r), sub.clone());
+            tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        plan.disconnect();
+        plan.restore();
+        // The call was not yet sent when the connection dropped; it goes on the new one, sent
+        // after the restore, so it succeeds.
+        call.await.unwrap().unwrap();
+        assert!(sub.is_dir());
+    }
+
+    #[tokio::test]
+    async fn short_reads() {
+        let (dir, r, plan) = setup();
+        let path = dir.path().join("f");
+        std::fs::write(&path, b"0123456789").unwrap();
+        let h = r.open(&path, OpenFlags::read_only(), 0).await.unwrap();
+        plan.set_short_reads(Some(3));
+        assert_eq!(&r.read(&h, 0, 10).await.unwrap()[..], b"012");
+        assert_eq!(&r.read(&h, 8, 10).await.unwrap()[..], b"89");
+        assert_eq!(&r.read(&h, 4, 2).await.unwrap()[..], b"45");
+        plan.set_short_reads(None);
+        assert_eq!(&r.read(&h, 0, 10).await.unwrap()[..], b"0123456789");
+        r.close(&h).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn delays_order_concurrent_calls() {
+        let (dir, r, plan) = setup();
+        let r = Arc::new(r);
+        plan.set_op_delay(Op::Lstat, Some(Duration::from_millis(200)));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let spawn = |op: Op| {
+            let (r, order, path) = (Arc::clone(&r), Arc::clone(&order), dir.path().to_owned());
+            tokio::spawn(async move {
+                match op {
+                    Op::Lstat => r.lstat(&path).await.map(drop),
+                    _ => r.stat(&path).await.map(drop),
+                }
+                .unwrap();
+                order.lock().unwrap().push(op);
+            })
+        };
+        let start = Instant::now();
+        let slow = spawn(Op::Lstat);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let fast = spawn(Op::Stat);
+        slow.await.unwrap();
+        fast.await.unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(200));
+        assert_eq!(*order.lock().unwrap(), [Op::Stat, Op::Lstat]);
+
+        // A global delay applies to every call; a per-op one takes precedence.
+        plan.set_op_delay(Op::Lstat, None);
+        plan.set_delay(Some(Duration::from_millis(50)));
+        let start = Instant::now();
+        r.realpath(dir.path()).await.unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(50));
+        plan.set_delay(None);
+    }
+
+    #[tokio::test]
+    async fn write_queued_is_faulted_as_a_write() {
+        let (dir, r, plan) = setup();
+        let path = dir.path().join("f");
+        let h = r.open(&path, rw_create(), 0o644).await.unwrap();
+        let ack = r
+            .write_queued(&h, 0, Bytes::from_static(b"abc"))
+            .await
+            .unwrap();
+        ack.await.unwrap();
+        plan.fail_next_after_performing(Op::Write, 1, failure("lost"));
+        let ack = r
+            .write_queued(&h, 3, Bytes::from_static(b"def"))
+            .await
+            .unwrap();
+        assert_eq!(ack.await, Err(failure("lost")));
+        plan.fail_next(Op::Write, 1, failure("refused"));
+        assert_eq!(
+            r.write_queued(&h, 6, Bytes::from_static(b"ghi"))
+                .await
+                .err(),
+            Some(failure("refused"))
+        );
+        assert_eq!(plan.calls(Op::Write), 3);
+        assert_eq!(std::fs::read(&path).unwrap(), b"abcdef");
+        r.close(&h).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_plan_can_be_shared_between_wrappers() {
+        let dir = tempfile::tempdir().unwrap();
+        let plan = Arc::new(FaultPlan::new());
+        let a = FaultyRemote::with_plan(LocalRemote::new(), Arc::clone(&plan));
+        let b = FaultyRemote::with_plan(LocalRemote::new(), Arc::clone(&plan));
+        plan.fail_next(Op::Lstat, 1, failure("once"));
+        assert!(a.lstat(dir.path()).await.is_err());
+        b.lstat(dir.path()).await.unwrap();
+        assert_eq!(plan.calls(Op::Lstat), 2);
+    }
+}

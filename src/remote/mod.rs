@@ -21,6 +21,7 @@ pub mod sftp;
 use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 
 use bytes::Bytes;
 
@@ -70,6 +71,9 @@ impl Status {
         }
     }
 }
+
+/// The server's answer to a write that is already on its way (see [`Remote::write_queued`]).
+pub type WriteAck = Pin<Box<dyn Future<Output = RemoteResult<()>> + Send>>;
 
 /// Why a remote operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -327,6 +331,21 @@ pub trait Remote: Send + Sync + 'static {
         offset: u64,
         data: Bytes,
     ) -> impl Future<Output = RemoteResult<()>> + Send;
+    /// Queue a write and return as soon as it is on its way, with a future for the server's
+    /// answer. Writes queued one after another on the same handle reach the server in that
+    /// order (the write-behind path relies on this: overlapping writes must not be reordered).
+    /// The default waits for the answer; the SFTP remote overrides it to pipeline.
+    fn write_queued(
+        &self,
+        handle: &Self::Handle,
+        offset: u64,
+        data: Bytes,
+    ) -> impl Future<Output = RemoteResult<WriteAck>> + Send {
+        async move {
+            let result = self.write(handle, offset, data).await;
+            Ok(Box::pin(std::future::ready(result)) as WriteAck)
+        }
+    }
     fn fsync(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
     fn close(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
 

@@ -1,1 +1,1056 @@
-//! SFTP remote (being written).
+//! [`SftpRemote`]: the [`Remote`] trait over SFTP v3, with our own codec on russh channels.
+//!
+//! One SSH connection carries `max_conns` SFTP channels, each served by its own sftp-server
+//! process. Path operations go to the least loaded channel; operations on an open handle go to
+//! the channel that opened it. Every channel pipelines: many tasks may have requests in flight
+//! at once (bounded per channel, see [`channel`]).
+//!
+//! Connection loss: without `reconnect`, every operation fails with
+//! [`RemoteError::Disconnected`] from then on; [`SftpRemote::state`] lets the owner notice and
+//! unmount. With `reconnect`, a background task reconnects with exponential backoff and bumps
+//! the connection *generation*. Path operations issued meanwhile wait for it (bounded by the
+//! policy's `give_up_after`); handles from an older generation fail with
+//! [`RemoteError::StaleHandle`] so the core can reopen them by path.
+
+mod channel;
+pub mod codec;
+mod config;
+mod connect;
+mod known_hosts;
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, Weak};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+pub use config::{CertificateSource, HostKeyPolicy, Identity, ReconnectPolicy, SshConfig};
+pub use connect::{ConnectError, ConnectErrorKind};
+
+use self::channel::{DeathSignal, SftpChannel, StartError};
+use self::codec::{Request, Response};
+use self::connect::SshHandle;
+use crate::remote::{
+    Attrs, DirEntry, Limits, OpenFlags, Remote, RemoteError, RemoteResult, RenameMode, SetAttrs,
+    StatVfs, Status, WriteAck,
+};
+
+/// Largest READ/WRITE payload we ever use: 255 KiB, so a WRITE packet with its header stays
+/// under OpenSSH's 256 KiB packet limit.
+pub const MAX_IO_SIZE: u32 = 255 * 1024;
+
+/// An open file or directory on the server.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SftpHandle {
+    raw: Bytes,
+    channel: usize,
+    generation: u64,
+}
+
+impl SftpHandle {
+    /// The server's handle bytes.
+    pub fn raw(&self) -> &[u8] {
+        &self.raw
+    }
+
+    /// Index of the SFTP channel that opened it.
+    pub fn channel(&self) -> usize {
+        self.channel
+    }
+
+    /// The connection generation it was opened on.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+}
+
+impl std::fmt::Debug for SftpHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SftpHandle(gen {} ch {} 0x",
+            self.generation, self.channel
+        )?;
+        for b in self.raw.iter() {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, ")")
+    }
+}
+
+/// The connection as the owner sees it ([`SftpRemote::state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConnState {
+    /// Operations go through on this generation.
+    Connected { generation: u64 },
+    /// The connection was lost and is being re-established; path operations wait.
+    Reconnecting { attempt: u32, reason: String },
+    /// The connection is lost and operations fail. `retrying`: reconnect attempts continue in
+    /// the background (after `give_up_after`); `false` means this is final.
+    Disconnected { reason: String, retrying: bool },
+    /// [`SftpRemote::disconnect`] was called.
+    Closed,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Extensions {
+    posix_rename: bool,
+    statvfs: bool,
+    hardlink: bool,
+    fsync: bool,
+    lsetstat: bool,
+    /// The server is OpenSSH's sftp-server (or behaves like it) and swaps SYMLINK arguments.
+    symlink_swapped: bool,
+}
+
+/// One SSH connection with its SFTP channels.
+struct Connection {
+    generation: u64,
+    ssh: Arc<SshHandle>,
+    channels: Vec<SftpChannel>,
+    death: DeathSignal,
+    ext: Extensions,
+    limits: Limits,
+    rr: AtomicUsize,
+}
+
+impl Connection {
+    async fn open(
+        cfg: &SshConfig,
+        generation: u64,
+        warned: &Arc<AtomicBool>,
+    ) -> Result<Connection, ConnectError> {
+        let ssh = Arc::new(connect::establish(cfg, warned).await?);
+        let death = DeathSignal::new();
+        let n = cfg.max_conns.clamp(1, 10);
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..n {
+            let ssh = ssh.clone();
+            let death = death.clone();
+            set.spawn(async move { (i, SftpChannel::open(&ssh, i, death).await) });
+        }
+        let open_all = async {
+            let mut results = Vec::new();
+            while let Some(r) = set.join_next().await {
+                match r {
+                    Ok(x) => results.push(x),
+                    Err(e) => results.push((usize::MAX, Err(StartError::Ssh(e.to_string())))),
+                }
+            }
+            results
+        };
+        let mut results = tokio::time::timeout(cfg.connect_timeout, open_all)
+            .await
+            .map_err(|_| {
+                ConnectError::network(format!(
+                    "starting SFTP on {} timed out after {:?}",
+                    cfg.host_port(),
+                    cfg.connect_timeout
+                ))
+            })?;
+        results.sort_by_key(|(i, _)| *i);
+        let mut channels = Vec::new();
+        let mut first_err = None;
+        for (i, r) in results {
+            match r {
+                Ok(ch) => channels.push(ch),
+                Err(e) => {
+                    debug!("SFTP channel {i} could not be started: {e:?}");
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if channels.is_empty() {
+            return Err(match first_err {
+                Some(StartError::Sftp(m)) => {
+                    ConnectError::sftp(format!("{}: {m}", cfg.host_port()))
+                }
+                Some(StartError::Ssh(m)) => {
+                    ConnectError::network(format!("{}: {m}", cfg.host_port()))
+                }
+                None => ConnectError::sftp("no SFTP channel could be started"),
+            });
+        }
+
+        let version = channels[0].version();
+        let has = |n: &str| version.has_extension(n);
+        let ext = Extensions {
+            posix_rename: has(codec::EXT_POSIX_RENAME),
+            statvfs: has(codec::EXT_STATVFS),
+            hardlink: has(codec::EXT_HARDLINK),
+            fsync: has(codec::EXT_FSYNC),
+            lsetstat: has(codec::EXT_LSETSTAT),
+            symlink_swapped: [
+                codec::EXT_POSIX_RENAME,
+                codec::EXT_STATVFS,
+                codec::EXT_HARDLINK,
+                codec::EXT_FSYNC,
+                codec::EXT_LIMITS,
+            ]
+            .iter()
+            .any(|e| has(e)),
+        };
+
+        let mut limits = Limits::default();
+        if has(codec::EXT_LIMITS) {
+            match channels[0].request(&Request::Limits).await {
+                Ok(Response::ExtendedReply(data)) => match codec::decode_limits(data) {
+                    Ok(l) => limits = limits_from_server(&l),
+                    Err(e) => debug!("bad limits@openssh.com reply: {e}"),
+                },
+                Ok(other) => debug!("limits@openssh.com answered {}", other.kind_name()),
+                Err(e) => debug!("limits@openssh.com failed: {e}"),
+            }
+        }
+        debug!(
+            generation,
+            channels = channels.len(),
+            ?limits,
+            ?ext,
+            "connected to {}",
+            cfg.host_port()
+        );
+        Ok(Connection {
+            generation,
+            ssh,
+            channels,
+            death,
+            ext,
+            limits,
+            rr: AtomicUsize::new(0),
+        })
+    }
+
+    fn is_dead(&self) -> bool {
+        self.death.reason().is_some()
+    }
+
+    fn dead_reason(&self) -> String {
+        self.death
+            .reason()
+            .unwrap_or_else(|| "connection closed".into())
+    }
+
+    /// The least loaded channel, round-robin among equals.
+    fn pick(&self) -> &SftpChannel {
+        let n = self.channels.len();
+        let start = self.rr.fetch_add(1, Ordering::Relaxed) % n;
+        let mut best = start;
+        let mut best_load = usize::MAX;
+        for k in 0..n {
+            let i = (start + k) % n;
+            let load = self.channels[i].load();
+            if load < best_load {
+                best = i;
+                best_load = load;
+                if load == 0 {
+                    break;
+                }
+            }
+        }
+        &self.channels[best]
+    }
+}
+
+fn limits_from_server(l: &codec::ServerLimits) -> Limits {
+    let cap = |v: u64| -> u32 {
+        let mut m = u64::from(MAX_IO_SIZE);
+        if v > 0 {
+            m = m.min(v);
+        }
+        // Leave room for the WRITE header inside the packet limit.
+        if l.max_packet_len > 1024 {
+            m = m.min(l.max_packet_len - 1024);
+        }
+        m.max(1024) as u32
+    };
+    Limits {
+        max_read: cap(l.max_read_len),
+        max_write: cap(l.max_write_len),
+        max_open_handles: if l.max_open_handles > 0 {
+            l.max_open_handles
+        } else {
+            Limits::default().max_open_handles
+        },
+    }
+}
+
+struct Inner {
+    cfg: SshConfig,
+    current: RwLock<Arc<Connection>>,
+    state: watch::Sender<ConnState>,
+    next_generation: AtomicU64,
+    warned: Arc<AtomicBool>,
+    limits: Limits,
+    closed: AtomicBool,
+}
+
+impl Inner {
+    fn current(&self) -> Arc<Connection> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn install(self: &Arc<Self>, conn: Connection) {
+        let conn = Arc::new(conn);
+        let generation = conn.generation;
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = conn.clone();
+        self.state.send_replace(ConnState::Connected { generation });
+        spawn_monitor(self, &conn);
+    }
+
+    /// A live connection for a path operation, waiting (bounded) for a reconnect in progress.
+    async fn conn(&self) -> RemoteResult<Arc<Connection>> {
+        let policy = self.cfg.reconnect;
+        let deadline = Instant::now() + policy.give_up_after + self.cfg.connect_timeout;
+        let mut rx = self.state.subscribe();
+        loop {
+            let c = self.current();
+            if !c.is_dead() && !self.closed.load(Ordering::Relaxed) {
+                return Ok(c);
+            }
+            if !policy.enabled {
+                return Err(RemoteError::Disconnected(c.dead_reason()));
+            }
+            match &*rx.borrow_and_update() {
+                ConnState::Disconnected { reason, .. } => {
+                    return Err(RemoteError::Disconnected(reason.clone()))
+                }
+                ConnState::Closed => {
+                    return Err(RemoteError::Disconnected("closed by the client".into()))
+                }
+                ConnState::Connected { .. } | ConnState::Reconnecting { .. } => {}
+            }
+            match tokio::time::timeout_at(deadline, rx.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(RemoteError::Disconnected(c.dead_reason())),
+                Err(_) => {
+                    return Err(RemoteError::Disconnected(format!(
+                        "still reconnecting after {:?}: {}",
+                        policy.give_up_after,
+                        c.dead_reason()
+                    )))
+                }
+            }
+        }
+    }
+
+    /// The connection a handle belongs to, if it is still that one and alive.
+    fn conn_for(&self, h: &SftpHandle) -> RemoteResult<Arc<Connection>> {
+        let c = self.current();
+        if c.generation != h.generation {
+            return Err(RemoteError::StaleHandle);
+        }
+        if c.is_dead() || self.closed.load(Ordering::Relaxed) {
+            return Err(
+                if self.cfg.reconnect.enabled && !self.closed.load(Ordering::Relaxed) {
+                    RemoteError::StaleHandle
+                } else {
+                    RemoteError::Disconnected(c.dead_reason())
+                },
+            );
+        }
+        if h.channel >= c.channels.len() {
+            return Err(RemoteError::StaleHandle);
+        }
+        Ok(c)
+    }
+}
+
+fn spawn_monitor(inner: &Arc<Inner>, conn: &Arc<Connection>) {
+    let weak = Arc::downgrade(inner);
+    let mut death = conn.death.subscribe();
+    let generation = conn.generation;
+    tokio::spawn(async move {
+        let reason = match death.wait_for(|r| r.is_some()).await {
+            Ok(r) => r.clone().unwrap_or_default(),
+            Err(_) => return,
+        };
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let target = inner.cfg.host_port();
+        if !inner.cfg.reconnect.enabled {
+            warn!("connection to {target} lost: {reason}");
+            inner.state.send_replace(ConnState::Disconnected {
+                reason,
+                retrying: false,
+            });
+            return;
+        }
+        warn!("connection to {target} lost (generation {generation}): {reason}; reconnecting");
+        inner.state.send_replace(ConnState::Reconnecting {
+            attempt: 0,
+            reason: reason.clone(),
+        });
+        drop(inner);
+        reconnect_loop(weak, reason).await;
+    });
+}
+
+async fn reconnect_loop(weak: Weak<Inner>, reason: String) {
+    let start = Instant::now();
+    let mut attempt: u32 = 0;
+    let mut gave_up = false;
+    let mut delay = match weak.upgrade() {
+        Some(i) => i.cfg.reconnect.initial_backoff,
+        None => return,
+    };
+    loop {
+        attempt += 1;
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let policy = inner.cfg.reconnect;
+        if !gave_up && start.elapsed() >= policy.give_up_after {
+            gave_up = true;
+            warn!(
+                "could not reconnect to {} for {:?}; operations fail until a later attempt \
+                 succeeds",
+                inner.cfg.host_port(),
+                policy.give_up_after
+            );
+            inner.state.send_replace(ConnState::Disconnected {
+                reason: format!(
+                    "{reason} (reconnecting for {:?} failed)",
+                    policy.give_up_after
+                ),
+                retrying: true,
+            });
+        } else if !gave_up {
+            inner.state.send_replace(ConnState::Reconnecting {
+                attempt,
+                reason: reason.clone(),
+            });
+        }
+        let generation = inner.next_generation.fetch_add(1, Ordering::Relaxed);
+        match Connection::open(&inner.cfg, generation, &inner.warned).await {
+            Ok(conn) => {
+                if inner.closed.load(Ordering::Relaxed) {
+                    return;
+                }
+                info!(
+                    "reconnected to {} (generation {generation}, attempt {attempt})",
+                    inner.cfg.host_port()
+                );
+                inner.install(conn);
+                return;
+            }
+            Err(e) if !e.is_transient() && e.kind() != ConnectErrorKind::Sftp => {
+                warn!(
+                    "reconnecting to {} failed for good: {e}",
+                    inner.cfg.host_port()
+                );
+                inner.state.send_replace(ConnState::Disconnected {
+                    reason: e.to_string(),
+                    retrying: false,
+                });
+                return;
+            }
+            Err(e) => debug!(attempt, "reconnect attempt failed: {e}"),
+        }
+        drop(inner);
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(policy.max_backoff);
+    }
+}
+
+/// The SFTP implementation of [`Remote`]. Cheap to clone (clones share the connection).
+#[derive(Clone)]
+pub struct SftpRemote {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for SftpRemote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SftpRemote")
+            .field("target", &self.inner.cfg.host_port())
+            .field("state", &*self.inner.state.borrow())
+            .finish()
+    }
+}
+
+fn status_err(code: u32, message: String) -> RemoteError {
+    RemoteError::Status(Status::from_code(code), message)
+}
+
+fn unexpected(op: &str, r: &Response) -> RemoteError {
+    RemoteError::Protocol(format!("unexpected {} reply to {op}", r.kind_name()))
+}
+
+fn expect_ok(op: &str, r: Response) -> RemoteResult<()> {
+    match r {
+        Response::Status { code: 0, .. } => Ok(()),
+        Response::Status { code, message } => Err(status_err(code, message)),
+        other => Err(unexpected(op, &other)),
+    }
+}
+
+fn expect_attrs(op: &str, r: Response) -> RemoteResult<Attrs> {
+    match r {
+        Response::Attrs(a) => Ok(a),
+        Response::Status { code, message } => Err(status_err(code, message)),
+        other => Err(unexpected(op, &other)),
+    }
+}
+
+fn expect_handle(op: &str, r: Response) -> RemoteResult<Bytes> {
+    match r {
+        Response::Handle(h) => Ok(h),
+        Response::Status { code, message } => Err(status_err(code, message)),
+        other => Err(unexpected(op, &other)),
+    }
+}
+
+fn expect_one_name(op: &str, r: Response) -> RemoteResult<PathBuf> {
+    match r {
+        Response::Name(mut names) if !names.is_empty() => {
+            Ok(PathBuf::from(names.swap_remove(0).filename))
+        }
+        Response::Status { code, message } => Err(status_err(code, message)),
+        other => Err(unexpected(op, &other)),
+    }
+}
+
+fn expect_ext(op: &str, r: Response) -> RemoteResult<Bytes> {
+    match r {
+        Response::ExtendedReply(b) => Ok(b),
+        Response::Status { code, message } => Err(status_err(code, message)),
+        other => Err(unexpected(op, &other)),
+    }
+}
+
+fn pflags(f: OpenFlags) -> u32 {
+    let mut p = 0;
+    if f.read {
+        p |= codec::PFLAG_READ;
+    }
+    if f.write {
+        p |= codec::PFLAG_WRITE;
+    }
+    if f.append {
+        p |= codec::PFLAG_APPEND;
+    }
+    if f.create {
+        p |= codec::PFLAG_CREAT;
+    }
+    if f.truncate {
+        p |= codec::PFLAG_TRUNC;
+    }
+    if f.exclusive {
+        p |= codec::PFLAG_EXCL;
+    }
+    p
+}
+
+fn perm_attrs(perm: u32) -> SetAttrs {
+    SetAttrs {
+        perm: Some(perm & 0o7777),
+        ..Default::default()
+    }
+}
+
+impl SftpRemote {
+    /// Connect, authenticate and start `cfg.max_conns` SFTP channels.
+    pub async fn connect(cfg: SshConfig) -> Result<SftpRemote, ConnectError> {
+        let warned = Arc::new(AtomicBool::new(false));
+        let conn = Connection::open(&cfg, 1, &warned).await?;
+        let limits = conn.limits;
+        let conn = Arc::new(conn);
+        let inner = Arc::new(Inner {
+            cfg,
+            current: RwLock::new(conn.clone()),
+            state: watch::Sender::new(ConnState::Connected { generation: 1 }),
+            next_generation: AtomicU64::new(2),
+            warned,
+            limits,
+            closed: AtomicBool::new(false),
+        });
+        spawn_monitor(&inner, &conn);
+        Ok(SftpRemote { inner })
+    }
+
+    /// Whether operations currently go through.
+    pub fn is_connected(&self) -> bool {
+        !self.inner.closed.load(Ordering::Relaxed) && !self.inner.current().is_dead()
+    }
+
+    /// Watch the connection state, e.g. to unmount when it becomes
+    /// `Disconnected { retrying: false, .. }`.
+    pub fn state(&self) -> watch::Receiver<ConnState> {
+        self.inner.state.subscribe()
+    }
+
+    /// The generation of the current connection (1 at first, +1 per reconnect attempt).
+    pub fn generation(&self) -> u64 {
+        self.inner.current().generation
+    }
+
+    /// Number of SFTP channels of the current connection.
+    pub fn channel_count(&self) -> usize {
+        self.inner.current().channels.len()
+    }
+
+    /// Resolve `dir` on the server (`REALPATH`, relative paths are taken from the login
+    /// directory) and check that it is a directory: the export root for a mount.
+    pub async fn resolve_dir(&self, dir: &Path) -> Result<PathBuf, ConnectError> {
+        let target = self.inner.cfg.host_port();
+        let classify = |e: RemoteError, what: &str| match e.status() {
+            Some(Status::NoSuchFile) => ConnectError::new(
+                ConnectErrorKind::NoSuchRemoteDir,
+                format!(
+                    "remote directory {} does not exist on {target}",
+                    dir.display()
+                ),
+            ),
+            Some(Status::PermissionDenied) => ConnectError::new(
+                ConnectErrorKind::NoSuchRemoteDir,
+                format!(
+                    "remote directory {} on {target} is not accessible (permission denied)",
+                    dir.display()
+                ),
+            ),
+            Some(_) => ConnectError::new(
+                ConnectErrorKind::NoSuchRemoteDir,
+                format!(
+                    "cannot {what} remote directory {} on {target}: {e}",
+                    dir.display()
+                ),
+            ),
+            None => ConnectError::network(format!(
+                "cannot {what} remote directory {} on {target}: {e}",
+                dir.display()
+            )),
+        };
+        let dir_arg = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        let real = self
+            .realpath(dir_arg)
+            .await
+            .map_err(|e| classify(e, "resolve"))?;
+        let attrs = self.stat(&real).await.map_err(|e| classify(e, "stat"))?;
+        if attrs.file_type() != crate::remote::FileKind::Dir {
+            return Err(ConnectError::new(
+                ConnectErrorKind::NoSuchRemoteDir,
+                format!(
+                    "remote path {} ({}) on {target} is not a directory",
+                    dir.display(),
+                    real.display()
+                ),
+            ));
+        }
+        Ok(real)
+    }
+
+    /// Close the connection. Operations fail with `Disconnected` afterwards.
+    pub async fn disconnect(&self) {
+        self.inner.closed.store(true, Ordering::Relaxed);
+        self.inner.state.send_replace(ConnState::Closed);
+        let c = self.inner.current();
+        let _ = c
+            .ssh
+            .disconnect(russh::Disconnect::ByApplication, "", "en")
+            .await;
+    }
+
+    async fn path_request(&self, req: &Request<'_>) -> RemoteResult<Response> {
+        let c = self.inner.conn().await?;
+        c.pick().request(req).await
+    }
+
+    /// For requests that may safely be repeated: retry once on a fresh connection.
+    async fn idempotent_request(&self, req: &Request<'_>) -> RemoteResult<Response> {
+        match self.path_request(req).await {
+            Err(RemoteError::Disconnected(_)) if self.inner.cfg.reconnect.enabled => {
+                self.path_request(req).await
+            }
+            r => r,
+        }
+    }
+
+    async fn handle_request(&self, h: &SftpHandle, req: &Request<'_>) -> RemoteResult<Response> {
+        let c = self.inner.conn_for(h)?;
+        c.channels[h.channel].request(req).await
+    }
+
+    async fn open_on(
+        &self,
+        c: &Connection,
+        ch: usize,
+        req: &Request<'_>,
+    ) -> RemoteResult<SftpHandle> {
+        let r = c.channels[ch].request(req).await?;
+        let raw = expect_handle(req.name(), r)?;
+        Ok(SftpHandle {
+            raw,
+            channel: ch,
+            generation: c.generation,
+        })
+    }
+
+    fn channel_index(c: &Connection, ch: &SftpChannel) -> usize {
+        c.channels
+            .iter()
+            .position(|x| std::ptr::eq(x, ch))
+            .unwrap_or(0)
+    }
+}
+
+impl Remote for SftpRemote {
+    type Handle = SftpHandle;
+
+    fn limits(&self) -> Limits {
+        self.inner.limits
+    }
+
+    async fn lstat(&self, path: &Path) -> RemoteResult<Attrs> {
+        let r = self.idempotent_request(&Request::Lstat { path }).await?;
+        expect_attrs("LSTAT", r)
+    }
+
+    async fn stat(&self, path: &Path) -> RemoteResult<Attrs> {
+        let r = self.idempotent_request(&Request::Stat { path }).await?;
+        expect_attrs("STAT", r)
+    }
+
+    async fn fstat(&self, handle: &SftpHandle) -> RemoteResult<Attrs> {
+        let r = self
+            .handle_request(
+                handle,
+                &Request::Fstat {
+                    handle: &handle.raw,
+                },
+            )
+            .await?;
+        expect_attrs("FSTAT", r)
+    }
+
+    async fn setstat(&self, path: &Path, attrs: SetAttrs) -> RemoteResult<()> {
+        let r = self.path_request(&Request::Setstat { path, attrs }).await?;
+        expect_ok("SETSTAT", r)
+    }
+
+    async fn lsetstat(&self, path: &Path, attrs: SetAttrs) -> RemoteResult<()> {
+        let c = self.inner.conn().await?;
+        if !c.ext.lsetstat {
+            return Err(RemoteError::Unsupported(codec::EXT_LSETSTAT));
+        }
+        let r = c.pick().request(&Request::Lsetstat { path, attrs }).await?;
+        expect_ok(codec::EXT_LSETSTAT, r)
+    }
+
+    async fn fsetstat(&self, handle: &SftpHandle, attrs: SetAttrs) -> RemoteResult<()> {
+        let r = self
+            .handle_request(
+                handle,
+                &Request::Fsetstat {
+                    handle: &handle.raw,
+                    attrs,
+                },
+            )
+            .await?;
+        expect_ok("FSETSTAT", r)
+    }
+
+    async fn read_dir(&self, path: &Path) -> RemoteResult<Vec<DirEntry>> {
+        let mut tried_again = false;
+        loop {
+            let c = self.inner.conn().await?;
+            match read_dir_on(&c, path).await {
+                Err(RemoteError::Disconnected(_))
+                    if self.inner.cfg.reconnect.enabled && !tried_again =>
+                {
+                    tried_again = true;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn open(&self, path: &Path, flags: OpenFlags, perm: u32) -> RemoteResult<SftpHandle> {
+        let c = self.inner.conn().await?;
+        let ch = Self::channel_index(&c, c.pick());
+        let attrs = if flags.create {
+            perm_attrs(perm)
+        } else {
+            SetAttrs::default()
+        };
+        let req = Request::Open {
+            path,
+            pflags: pflags(flags),
+            attrs,
+        };
+        self.open_on(&c, ch, &req).await
+    }
+
+    async fn read(&self, handle: &SftpHandle, offset: u64, len: u32) -> RemoteResult<Bytes> {
+        let r = self
+            .handle_request(
+                handle,
+                &Request::Read {
+                    handle: &handle.raw,
+                    offset,
+                    len,
+                },
+            )
+            .await?;
+        match r {
+            Response::Data(d) if d.len() <= len as usize => Ok(d),
+            Response::Data(d) => Err(RemoteError::Protocol(format!(
+                "server returned {} bytes for a {len}-byte READ",
+                d.len()
+            ))),
+            Response::Status { code: 1, .. } => Ok(Bytes::new()),
+            Response::Status { code, message } => Err(status_err(code, message)),
+            other => Err(unexpected("READ", &other)),
+        }
+    }
+
+    async fn write(&self, handle: &SftpHandle, offset: u64, data: Bytes) -> RemoteResult<()> {
+        self.write_queued(handle, offset, data).await?.await
+    }
+
+    async fn write_queued(
+        &self,
+        handle: &SftpHandle,
+        offset: u64,
+        data: Bytes,
+    ) -> RemoteResult<WriteAck> {
+        let c = self.inner.conn_for(handle)?;
+        let ch = &c.channels[handle.channel];
+        // Callers stay within max_write; split (in order) if one does not.
+        let max = self.inner.limits.max_write.max(1) as usize;
+        let mut replies = Vec::with_capacity(data.len() / max + 1);
+        let mut done = 0usize;
+        loop {
+            let end = (done + max).min(data.len());
+            let req = Request::Write {
+                handle: &handle.raw,
+                offset: offset + done as u64,
+                data: data.slice(done..end),
+            };
+            replies.push(ch.send(&req).await?);
+            done = end;
+            if done >= data.len() {
+                break;
+            }
+        }
+        Ok(Box::pin(async move {
+            let mut first_err = None;
+            for reply in replies {
+                if let Err(e) = reply.wait().await.and_then(|r| expect_ok("WRITE", r)) {
+                    first_err.get_or_insert(e);
+                }
+            }
+            first_err.map_or(Ok(()), Err)
+        }))
+    }
+
+    async fn fsync(&self, handle: &SftpHandle) -> RemoteResult<()> {
+        let c = self.inner.conn_for(handle)?;
+        if !c.ext.fsync {
+            return Err(RemoteError::Unsupported(codec::EXT_FSYNC));
+        }
+        let r = c.channels[handle.channel]
+            .request(&Request::Fsync {
+                handle: &handle.raw,
+            })
+            .await?;
+        expect_ok(codec::EXT_FSYNC, r)
+    }
+
+    async fn close(&self, handle: &SftpHandle) -> RemoteResult<()> {
+        match self
+            .handle_request(
+                handle,
+                &Request::Close {
+                    handle: &handle.raw,
+                },
+            )
+            .await
+        {
+            Ok(r) => expect_ok("CLOSE", r),
+            // The server dropped the handle together with the old connection.
+            Err(RemoteError::StaleHandle) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn remove(&self, path: &Path) -> RemoteResult<()> {
+        let r = self.path_request(&Request::Remove { path }).await?;
+        expect_ok("REMOVE", r)
+    }
+
+    async fn mkdir(&self, path: &Path, perm: u32) -> RemoteResult<()> {
+        let r = self
+            .path_request(&Request::Mkdir {
+                path,
+                attrs: perm_attrs(perm),
+            })
+            .await?;
+        expect_ok("MKDIR", r)
+    }
+
+    async fn rmdir(&self, path: &Path) -> RemoteResult<()> {
+        let r = self.path_request(&Request::Rmdir { path }).await?;
+        expect_ok("RMDIR", r)
+    }
+
+    async fn rename(&self, from: &Path, to: &Path, mode: RenameMode) -> RemoteResult<()> {
+        let c = self.inner.conn().await?;
+        let req = match mode {
+            RenameMode::Replace if !c.ext.posix_rename => {
+                return Err(RemoteError::Unsupported(codec::EXT_POSIX_RENAME))
+            }
+            RenameMode::Replace => Request::PosixRename { from, to },
+            RenameMode::NoReplace => Request::Rename { from, to },
+        };
+        let r = c.pick().request(&req).await?;
+        expect_ok(req.name(), r)
+    }
+
+    async fn symlink(&self, target: &Path, link: &Path) -> RemoteResult<()> {
+        let c = self.inner.conn().await?;
+        // The draft says (linkpath, targetpath); OpenSSH reads (targetpath, linkpath).
+        let req = if c.ext.symlink_swapped {
+            Request::Symlink {
+                first: target,
+                second: link,
+            }
+        } else {
+            Request::Symlink {
+                first: link,
+                second: target,
+            }
+        };
+        let r = c.pick().request(&req).await?;
+        expect_ok("SYMLINK", r)
+    }
+
+    async fn readlink(&self, path: &Path) -> RemoteResult<PathBuf> {
+        let r = self.idempotent_request(&Request::Readlink { path }).await?;
+        expect_one_name("READLINK", r)
+    }
+
+    async fn hardlink(&self, existing: &Path, new: &Path) -> RemoteResult<()> {
+        let c = self.inner.conn().await?;
+        if !c.ext.hardlink {
+            return Err(RemoteError::Unsupported(codec::EXT_HARDLINK));
+        }
+        let r = c
+            .pick()
+            .request(&Request::Hardlink { existing, new })
+            .await?;
+        expect_ok(codec::EXT_HARDLINK, r)
+    }
+
+    async fn statvfs(&self, path: &Path) -> RemoteResult<StatVfs> {
+        let c = self.inner.conn().await?;
+        if !c.ext.statvfs {
+            return Err(RemoteError::Unsupported(codec::EXT_STATVFS));
+        }
+        let r = self.idempotent_request(&Request::Statvfs { path }).await?;
+        let data = expect_ext(codec::EXT_STATVFS, r)?;
+        codec::decode_statvfs(data).map_err(|e| RemoteError::Protocol(e.0))
+    }
+
+    async fn realpath(&self, path: &Path) -> RemoteResult<PathBuf> {
+        let r = self.idempotent_request(&Request::Realpath { path }).await?;
+        expect_one_name("REALPATH", r)
+    }
+}
+
+async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>> {
+    let ch = c.pick();
+    let handle = expect_handle("OPENDIR", ch.request(&Request::Opendir { path }).await?)?;
+    let mut out = Vec::new();
+    let result = loop {
+        match ch.request(&Request::Readdir { handle: &handle }).await {
+            Ok(Response::Name(names)) => {
+                for n in names {
+                    let name = n.filename.as_os_str();
+                    if name == OsStr::new(".") || name == OsStr::new("..") {
+                        continue;
+                    }
+                    if name.as_bytes().is_empty() || name.as_bytes().contains(&b'/') {
+                        debug!("skipping bad directory entry name {name:?}");
+                        continue;
+                    }
+                    let nlink = n.nlink();
+                    out.push(DirEntry {
+                        name: n.filename,
+                        attrs: n.attrs,
+                        nlink,
+                    });
+                }
+            }
+            Ok(Response::Status { code: 1, .. }) => break Ok(()),
+            Ok(Response::Status { code, message }) => break Err(status_err(code, message)),
+            Ok(other) => break Err(unexpected("READDIR", &other)),
+            Err(e) => break Err(e),
+        }
+    };
+    match ch.request(&Request::Close { handle: &handle }).await {
+        Ok(r) => {
+            if let Err(e) = expect_ok("CLOSE", r) {
+                debug!("closing directory {} failed: {e}", path.display());
+            }
+        }
+        Err(e) if result.is_ok() => return Err(e),
+        Err(_) => {}
+    }
+    result.map(|()| out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_clamp() {
+        let l = limits_from_server(&codec::ServerLimits {
+            max_packet_len: 262144,
+            max_read_len: 261120,
+            max_write_len: 261120,
+            max_open_handles: 1019,
+        });
+        assert_eq!(l.max_read, 255 * 1024);
+        assert_eq!(l.max_write, 255 * 1024);
+        assert_eq!(l.max_open_handles, 1019);
+        let l = limits_from_server(&codec::ServerLimits {
+            max_packet_len: 34000,
+            max_read_len: 0,
+            max_write_len: 100_000,
+            max_open_handles: 0,
+        });
+        assert_eq!(l.max_read, 34000 - 1024);
+        assert_eq!(l.max_write, 34000 - 1024);
+        assert_eq!(l.max_open_handles, Limits::default().max_open_handles);
+    }
+
+    #[test]
+    fn open_flags() {
+        assert_eq!(pflags(OpenFlags::read_only()), codec::PFLAG_READ);
+        let f = OpenFlags {
+            write: true,
+            create: true,
+            exclusive: true,
+            truncate: true,
+            append: true,
+            read: true,
+        };
+        assert_eq!(pflags(f), 0x3f);
+    }
+}

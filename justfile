@@ -1,0 +1,47 @@
+# Developer entry points for awcp-mount. Run `just` for the list.
+# Every recipe first runs scripts/ensure-deps.sh, which installs missing
+# system packages when run as root and otherwise prints the command to run.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+set positional-arguments
+
+# List the recipes
+default:
+    @just --list
+
+# Mount a sample workspace from a private loopback sshd, use it, unmount
+demo:
+    scripts/demo.sh
+
+# Format check, clippy, then every test (unit, integration, FUSE)
+test:
+    scripts/ensure-deps.sh --fuse
+    cargo fmt --check
+    cargo clippy --all-targets -- -D warnings
+    cargo test --all-targets
+
+# Release build: target/release/awcp-mount
+build:
+    scripts/ensure-deps.sh
+    cargo build --release
+
+# Format check and clippy only
+check:
+    scripts/ensure-deps.sh
+    cargo fmt --check
+    cargo clippy --all-targets -- -D warnings
+
+# Only the FUSE tests, which mount for real (extra arguments go to cargo test)
+fuse-test *args:
+    scripts/ensure-deps.sh --fuse
+    cargo test --test fuse "$@"
+
+# Benchmarks against sshfs (not written yet: issue 4)
+bench:
+    scripts/ensure-deps.sh --fuse
+    scripts/bench.sh
+
+# Unmount every leftover awcp mount (fstype fuse.awcp) and nothing else
+clean-mounts:
+    scripts/ensure-deps.sh
+    scripts/clean-mounts.sh

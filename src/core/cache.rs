@@ -1,0 +1,258 @@
+//! Bounded, TTL'd metadata caches.
+//!
+//! Four LRU maps, each capped at `max_entries` so memory stays bounded however large the tree:
+//! attributes by inode, negative lookups by (parent, name), whole directory listings by
+//! directory inode (they answer lookups of names in a directory that was just listed, which is
+//! what `ls -l`, `find` and `git status` do), and symlink targets by inode.
+//!
+//! Every change made through the mount invalidates the entries it affects *before* the
+//! operation returns, so the mount's own changes are always visible through it at once. Changes
+//! made on the server become visible when the entry's TTL runs out.
+
+use std::ffi::{OsStr, OsString};
+use std::num::NonZeroUsize;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+
+use super::inode::Ino;
+use crate::remote::{Attrs, DirEntry};
+
+/// Time-to-live settings (also what the kernel is told for its own caches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    pub attr_ttl: Duration,
+    pub entry_ttl: Duration,
+    pub negative_ttl: Duration,
+    /// How long a directory listing answers lookups (sshfs `dcache_timeout`).
+    pub dir_ttl: Duration,
+    pub max_entries: usize,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            attr_ttl: Duration::from_secs(1),
+            entry_ttl: Duration::from_secs(1),
+            negative_ttl: Duration::from_secs(1),
+            dir_ttl: Duration::from_secs(1),
+            max_entries: 65_536,
+        }
+    }
+}
+
+/// A cached attribute set with the link count when known.
+#[derive(Debug, Clone, Copy)]
+pub struct CachedAttrs {
+    pub attrs: Attrs,
+    pub nlink: Option<u32>,
+}
+
+pub struct MetaCache {
+    config: CacheConfig,
+    attrs: LruCache<Ino, (CachedAttrs, Instant)>,
+    negative: LruCache<(Ino, OsString), Instant>,
+    dirs: LruCache<Ino, (Arc<Vec<DirEntry>>, Instant)>,
+    links: LruCache<Ino, (PathBuf, Instant)>,
+}
+
+fn cap(n: usize) -> NonZeroUsize {
+    NonZeroUsize::new(n.max(1)).expect("max(1) is non-zero")
+}
+
+impl MetaCache {
+    pub fn new(config: CacheConfig) -> Self {
+        // Directory listings are big; keep far fewer of them than single entries.
+        let dir_cap = (config.max_entries / 64).max(16);
+        MetaCache {
+            config,
+            attrs: LruCache::new(cap(config.max_entries)),
+            negative: LruCache::new(cap(config.max_entries)),
+            dirs: LruCache::new(cap(dir_cap)),
+            links: LruCache::new(cap(config.max_entries / 4)),
+        }
+    }
+
+    pub fn config(&self) -> CacheConfig {
+        self.config
+    }
+
+    /// New TTLs (live policy reload). Shrinking `max_entries` evicts at once.
+    pub fn reconfigure(&mut self, config: CacheConfig) {
+        self.config = config;
+        self.attrs.resize(cap(config.max_entries));
+        self.negative.resize(cap(config.max_entries));
+        self.dirs.resize(cap((config.max_entries / 64).max(16)));
+        self.links.resize(cap(config.max_entries / 4));
+    }
+
+    pub fn len(&self) -> usize {
+        self.attrs.len() + self.negative.len() + self.dirs.len() + self.links.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn get_attrs(&mut self, ino: Ino) -> Option<CachedAttrs> {
+        match self.attrs.get(&ino) {
+            Some((a, until)) if *until > Instant::now() => Some(*a),
+            Some(_) => {
+                self.attrs.pop(&ino);
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub fn put_attrs(&mut self, ino: Ino, attrs: CachedAttrs) {
+        if self.config.attr_ttl.is_zero() {
+            return;
+        }
+        self.attrs
+            .put(ino, (attrs, Instant::now() + self.config.attr_ttl));
+    }
+
+    pub fn forget_attrs(&mut self, ino: Ino) {
+        self.attrs.pop(&ino);
+        self.links.pop(&ino);
+    }
+
+    pub fn is_negative(&mut self, parent: Ino, name: &OsStr) -> bool {
+        let key = (parent, name.to_os_string());
+        match self.negative.get(&key) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                self.negative.pop(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
+    pub fn put_negative(&mut self, parent: Ino, name: &OsStr) {
+        if self.config.negative_ttl.is_zero() {
+            return;
+        }
+        self.negative.put(
+            (parent, name.to_os_string()),
+            Instant::now() + self.config.negative_ttl,
+        );
+    }
+
+    /// A name in `parent` changed through the mount: forget what we knew of it and of the
+    /// directory's listing.
+    pub fn name_changed(&mut self, parent: Ino, name: &OsStr) {
+        self.negative.pop(&(parent, name.to_os_string()));
+        self.dirs.pop(&parent);
+        self.attrs.pop(&parent);
+    }
+
+    /// The fresh listing of `dir`, if one is cached.
+    pub fn get_dir(&mut self, dir: Ino) -> Option<Arc<Vec<DirEntry>>> {
+        match self.dirs.get(&dir) {
+            Some((l, until)) if *until > Instant::now() => Some(l.clone()),
+            Some(_) => {
+                self.dirs.pop(&dir);
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub fn put_dir(&mut self, dir: Ino, listing: Arc<Vec<DirEntry>>) {
+        if self.config.dir_ttl.is_zero() {
+            return;
+        }
+        self.dirs
+            .put(dir, (listing, Instant::now() + self.config.dir_ttl));
+    }
+
+    /// Answer a lookup from a cached listing: `Some(Some(entry))` found, `Some(None)` the
+    /// listing is fresh and the name is not in it, `None` no fresh listing.
+    pub fn lookup_in_dir(&mut self, dir: Ino, name: &OsStr) -> Option<Option<DirEntry>> {
+        let listing = self.get_dir(dir)?;
+        Some(listing.iter().find(|e| e.name == name).cloned())
+    }
+
+    pub fn get_link(&mut self, ino: Ino) -> Option<PathBuf> {
+        match self.links.get(&ino) {
+            Some((t, until)) if *until > Instant::now() => Some(t.clone()),
+            Some(_) => {
+                self.links.pop(&ino);
+                None
+            }
+            None => None,
+        }
+    }
+
+    pub fn put_link(&mut self, ino: Ino, target: PathBuf) {
+        if self.config.attr_ttl.is_zero() {
+            return;
+        }
+        self.links
+            .put(ino, (target, Instant::now() + self.config.attr_ttl));
+    }
+
+    /// Drop everything (e.g. after a reconnect, when the server may have changed under us).
+    pub fn clear(&mut self) {
+        self.attrs.clear();
+        self.negative.clear();
+        self.dirs.clear();
+        self.links.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(size: u64) -> CachedAttrs {
+        CachedAttrs {
+            attrs: Attrs {
+                size: Some(size),
+                ..Default::default()
+            },
+            nlink: None,
+        }
+    }
+
+    #[test]
+    fn entries_expire() {
+        let mut c = MetaCache::new(CacheConfig {
+            attr_ttl: Duration::from_millis(0),
+            ..Default::default()
+        });
+        c.put_attrs(5, attrs(1));
+        assert!(c.get_attrs(5).is_none(), "zero TTL caches nothing");
+        let mut c = MetaCache::new(CacheConfig::default());
+        c.put_attrs(5, attrs(1));
+        assert_eq!(c.get_attrs(5).unwrap().attrs.size, Some(1));
+    }
+
+    #[test]
+    fn bounded_by_max_entries() {
+        let mut c = MetaCache::new(CacheConfig {
+            max_entries: 100,
+            ..Default::default()
+        });
+        for i in 0..1_000_000u64 {
+            c.put_attrs(i, attrs(i));
+            c.put_negative(i, OsStr::new("x"));
+        }
+        assert!(c.len() <= 200);
+    }
+
+    #[test]
+    fn name_change_invalidates_listing_and_negative() {
+        let mut c = MetaCache::new(CacheConfig::default());
+        c.put_negative(1, OsStr::new("a"));
+        c.put_dir(1, Arc::new(vec![]));
+        assert_eq!(c.lookup_in_dir(1, OsStr::new("a")), Some(None));
+        c.name_changed(1, OsStr::new("a"));
+        assert!(!c.is_negative(1, OsStr::new("a")));
+        assert_eq!(c.lookup_in_dir(1, OsStr::new("a")), None);
+    }
+}

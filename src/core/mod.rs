@@ -1,0 +1,1120 @@
+//! The filesystem core: every operation a tool performs, in terms of the [`Remote`] trait.
+//!
+//! It knows nothing of FUSE: the adapter in `crate::fuse` turns kernel requests into calls of
+//! the async methods here and the results into replies. That keeps this layer testable with the
+//! local-directory remote and no kernel in the loop.
+//!
+//! Locking: the inode table, the caches and the handle tables are behind `std::sync::Mutex`es
+//! that are only ever held for a few map operations, never across an `.await`.
+
+pub mod cache;
+pub mod errno;
+pub mod file;
+pub mod inode;
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use tokio::sync::oneshot;
+
+use self::cache::{CacheConfig, CachedAttrs, MetaCache};
+use self::errno::{check_name, Inference, Op};
+use self::file::{OpenFile, WriteJob};
+use self::inode::{Ino, InodeTable, Location, ROOT_INO};
+use crate::error::{FsError, FsResult};
+use crate::remote::{
+    Attrs, DirEntry, FileKind, OpenFlags, Remote, RemoteError, RenameMode, SetAttrs, Status,
+};
+
+/// Attributes in the form the kernel wants them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: SystemTime,
+    pub mtime: SystemTime,
+    /// SFTP v3 has no ctime; the mtime stands in for it.
+    pub ctime: SystemTime,
+    pub kind: FileKind,
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// An answer to lookup/mkdir/create/...: the inode and how long the kernel may cache it.
+#[derive(Debug, Clone, Copy)]
+pub struct Entry {
+    pub attr: Attr,
+    pub entry_ttl: Duration,
+    pub attr_ttl: Duration,
+}
+
+/// `statfs` answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+    pub frsize: u32,
+}
+
+/// A change requested by `setattr`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SetattrRequest {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<TimeSpec>,
+    pub mtime: Option<TimeSpec>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeSpec {
+    Now,
+    At(SystemTime),
+}
+
+/// One entry handed to readdir.
+#[derive(Debug, Clone)]
+pub struct DirItem {
+    pub name: OsString,
+    pub kind: FileKind,
+    /// Offset of the *next* entry, as the kernel wants it.
+    pub next_offset: u64,
+    /// Attributes from the listing (absent for "." and "..").
+    pub attrs: Option<Attrs>,
+    pub nlink: Option<u32>,
+}
+
+/// Open flags as the kernel gives them, decoded.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenRequest {
+    pub flags: i32,
+}
+
+impl OpenRequest {
+    fn wants_write(&self) -> bool {
+        matches!(self.flags & libc::O_ACCMODE, libc::O_WRONLY | libc::O_RDWR)
+            || self.flags & libc::O_TRUNC != 0
+    }
+
+    fn remote_flags(&self) -> OpenFlags {
+        let acc = self.flags & libc::O_ACCMODE;
+        OpenFlags {
+            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            append: self.flags & libc::O_APPEND != 0,
+            create: false,
+            truncate: self.flags & libc::O_TRUNC != 0,
+            exclusive: false,
+        }
+    }
+}
+
+/// Settings of one mount that the core needs.
+#[derive(Debug, Clone)]
+pub struct FsConfig {
+    pub cache: CacheConfig,
+    pub read_only: bool,
+    /// `follow_symlinks`: show what a symlink points to instead of the link.
+    pub follow_symlinks: bool,
+    /// `idmap=user`: (remote uid, remote gid) shown as (local uid, local gid).
+    pub idmap: Option<((u32, u32), (u32, u32))>,
+}
+
+impl Default for FsConfig {
+    fn default() -> Self {
+        FsConfig {
+            cache: CacheConfig::default(),
+            read_only: false,
+            follow_symlinks: false,
+            idmap: None,
+        }
+    }
+}
+
+/// Counters for `awcp-mount status`.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub ops: AtomicU64,
+    pub bytes_read: AtomicU64,
+    pub bytes_written: AtomicU64,
+    pub remote_errors: AtomicU64,
+}
+
+struct DirHandle {
+    ino: Ino,
+    items: Vec<DirItem>,
+}
+
+pub struct Fs<R: Remote> {
+    remote: Arc<R>,
+    rt: tokio::runtime::Handle,
+    /// Absolute path of the export on the server.
+    root: PathBuf,
+    config: Mutex<FsConfig>,
+    read_only: AtomicBool,
+    inodes: Mutex<InodeTable>,
+    cache: Mutex<MetaCache>,
+    files: Mutex<HashMap<u64, Arc<OpenFile<R>>>>,
+    dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
+    next_fh: AtomicU64,
+    pub stats: Stats,
+}
+
+fn to_system_time(secs: Option<u32>) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs.unwrap_or(0) as u64)
+}
+
+fn to_seconds(t: TimeSpec) -> u32 {
+    let t = match t {
+        TimeSpec::Now => SystemTime::now(),
+        TimeSpec::At(t) => t,
+    };
+    // SFTP v3 carries unsigned 32-bit seconds: clamp instead of wrapping.
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_secs().min(u32::MAX as u64) as u32,
+        Err(_) => 0,
+    }
+}
+
+fn remote_err(op: Op, err: &RemoteError, what: impl std::fmt::Display) -> FsError {
+    let errno = errno::direct(err, op).unwrap_or(libc::EIO);
+    FsError::new(errno, format!("{what}: {err}"))
+}
+
+/// Names a hostile server might send in a listing that must never reach the kernel.
+fn is_valid_listing_name(name: &OsStr) -> bool {
+    check_name(name).is_ok() && name != "." && name != ".."
+}
+
+impl<R: Remote> Fs<R> {
+    /// A filesystem over `remote`, exporting the server directory `root` (absolute, already
+    /// resolved by the caller). Methods must be called from within the runtime `rt`.
+    pub fn new(remote: Arc<R>, root: PathBuf, config: FsConfig, rt: tokio::runtime::Handle) -> Self {
+        Fs {
+            remote,
+            rt,
+            root,
+            read_only: AtomicBool::new(config.read_only),
+            cache: Mutex::new(MetaCache::new(config.cache)),
+            config: Mutex::new(config),
+            inodes: Mutex::new(InodeTable::new()),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            stats: Stats::default(),
+        }
+    }
+
+    pub fn remote(&self) -> &Arc<R> {
+        &self.remote
+    }
+
+    pub fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.rt
+    }
+
+    pub fn cache_config(&self) -> CacheConfig {
+        self.config.lock().unwrap().cache
+    }
+
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    /// Turn the mount read-only from now on (lease expiry, `awcp-mount downgrade`). Writes
+    /// already queued are flushed by the caller via [`Fs::flush_all`].
+    pub fn set_read_only(&self) {
+        self.read_only.store(true, Ordering::Release);
+    }
+
+    /// Number of inodes the kernel currently references (for tests and status).
+    pub fn inode_count(&self) -> usize {
+        self.inodes.lock().unwrap().len()
+    }
+
+    pub fn open_file_count(&self) -> usize {
+        self.files.lock().unwrap().len()
+    }
+
+    fn check_writable(&self, what: &str) -> FsResult<()> {
+        if self.is_read_only() {
+            Err(FsError::new(libc::EROFS, format!("{what}: the mount is read-only")))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn alloc_fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Absolute server path of an inode.
+    fn path_of(&self, ino: Ino) -> FsResult<PathBuf> {
+        match self.inodes.lock().unwrap().location(ino) {
+            Location::Path(rel) => Ok(self.root.join(rel)),
+            Location::Detached => Err(FsError::new(
+                libc::ENOENT,
+                format!("inode {ino} was removed or is unknown"),
+            )),
+        }
+    }
+
+    fn child_path(&self, parent: Ino, name: &OsStr) -> FsResult<PathBuf> {
+        check_name(name)?;
+        Ok(self.path_of(parent)?.join(name))
+    }
+
+    fn make_attr(&self, ino: Ino, a: &Attrs, nlink: Option<u32>) -> Attr {
+        let kind = a.file_type();
+        let size = a.size.unwrap_or(0);
+        let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
+        if let Some(((ruid, rgid), (luid, lgid))) = self.config.lock().unwrap().idmap {
+            if uid == ruid {
+                uid = luid;
+            }
+            if gid == rgid {
+                gid = lgid;
+            }
+        }
+        Attr {
+            ino,
+            size,
+            blocks: size.div_ceil(512),
+            atime: to_system_time(a.atime),
+            mtime: to_system_time(a.mtime),
+            ctime: to_system_time(a.mtime),
+            kind,
+            perm: (a.mode.unwrap_or(0) & 0o7777) as u16,
+            // SFTP v3 has no link count; 1 tells find(1) not to use the leaf optimisation.
+            nlink: nlink.unwrap_or(1),
+            uid,
+            gid,
+        }
+    }
+
+    /// Map a local uid/gid being set back to the remote one under `idmap=user`.
+    fn unmap_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
+        match self.config.lock().unwrap().idmap {
+            Some(((ruid, rgid), (luid, lgid))) => (
+                if uid == luid { ruid } else { uid },
+                if gid == lgid { rgid } else { gid },
+            ),
+            None => (uid, gid),
+        }
+    }
+
+    fn entry(&self, attr: Attr) -> Entry {
+        let c = self.cache_config();
+        Entry {
+            attr,
+            entry_ttl: c.entry_ttl,
+            attr_ttl: c.attr_ttl,
+        }
+    }
+
+    /// lstat (or stat, with follow_symlinks) of a server path.
+    async fn stat_path(&self, path: &Path) -> Result<Attrs, RemoteError> {
+        let attrs = self.remote.lstat(path).await?;
+        if attrs.file_type() == FileKind::Symlink && self.config.lock().unwrap().follow_symlinks {
+            // A dangling link stays visible as a link.
+            if let Ok(target) = self.remote.stat(path).await {
+                return Ok(target);
+            }
+        }
+        Ok(attrs)
+    }
+
+    /// What is at `path` now, for errno inference (None if nothing or unknowable).
+    async fn probe_kind(&self, path: &Path) -> Option<FileKind> {
+        self.remote.lstat(path).await.ok().map(|a| a.file_type())
+    }
+
+    /// Turn a remote failure of `op` into the errno a local disk would give, asking the
+    /// server follow-up questions when the status is the generic `FAILURE`.
+    async fn explain(&self, op: Op, err: RemoteError, target: &Path, source: Option<&Path>) -> FsError {
+        self.stats.remote_errors.fetch_add(1, Ordering::Relaxed);
+        if let Some(Status::BadMessage) = err.status() {
+            if errno::path_too_long(target) || source.is_some_and(errno::path_too_long) {
+                return FsError::new(libc::ENAMETOOLONG, format!("{}: name too long", target.display()));
+            }
+        }
+        if let Some(errno) = errno::direct(&err, op) {
+            // NO_SUCH_FILE also covers ENOTDIR: a path component that is not a directory.
+            if errno == libc::ENOENT {
+                if let Some(parent) = target.parent() {
+                    if let Some(kind) = self.probe_kind(parent).await {
+                        if kind != FileKind::Dir && kind != FileKind::Symlink {
+                            return FsError::new(libc::ENOTDIR, format!("{}: not a directory", parent.display()));
+                        }
+                    }
+                }
+            }
+            return FsError::new(errno, format!("{op:?} {}: {err}", target.display()));
+        }
+        let mut found = Inference {
+            target: self.probe_kind(target).await,
+            ..Default::default()
+        };
+        if let Some(src) = source {
+            found.source = self.probe_kind(src).await;
+            if let (Some(a), Some(b)) = (src.parent(), target.parent()) {
+                if let (Ok(x), Ok(y)) = (self.remote.statvfs(a).await, self.remote.statvfs(b).await) {
+                    found.cross_device = x.fsid != y.fsid;
+                }
+            }
+        }
+        if found.target == Some(FileKind::Dir) && matches!(op, Op::Rmdir | Op::Rename) {
+            found.target_not_empty = matches!(self.remote.read_dir(target).await, Ok(l) if !l.is_empty());
+        }
+        if let Ok(v) = self.remote.statvfs(&self.root).await {
+            found.no_space = v.bavail == 0 || v.favail == 0;
+            found.read_only_fs = v.flag & 1 != 0; // ST_RDONLY
+        }
+        let errno = errno::infer(op, &found);
+        FsError::new(errno, format!("{op:?} {}: {err}", target.display()))
+    }
+
+    /// Remote attributes of an inode, through the cache.
+    async fn fetch_attrs(&self, ino: Ino) -> FsResult<CachedAttrs> {
+        if let Some(a) = self.cache.lock().unwrap().get_attrs(ino) {
+            return Ok(a);
+        }
+        let path = self.path_of(ino)?;
+        match self.stat_path(&path).await {
+            Ok(attrs) => {
+                let cached = CachedAttrs { attrs, nlink: None };
+                self.cache.lock().unwrap().put_attrs(ino, cached);
+                Ok(cached)
+            }
+            Err(e) => Err(self.explain(Op::Getattr, e, &path, None).await),
+        }
+    }
+
+    /// Register an inode for `name` in `parent` with the attributes just learnt.
+    fn remember(&self, parent: Ino, name: &OsStr, attrs: Attrs, nlink: Option<u32>) -> Attr {
+        let ino = self.inodes.lock().unwrap().lookup(parent, name, attrs.file_type());
+        self.cache
+            .lock()
+            .unwrap()
+            .put_attrs(ino, CachedAttrs { attrs, nlink });
+        self.make_attr(ino, &attrs, nlink)
+    }
+
+    // ---------------------------------------------------------------- namespace
+
+    pub async fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
+        let path = self.child_path(parent, name)?;
+        {
+            let mut cache = self.cache.lock().unwrap();
+            if cache.is_negative(parent, name) {
+                return Err(FsError::new(libc::ENOENT, format!("{}: no such file (cached)", path.display())));
+            }
+            let follow = self.config.lock().unwrap().follow_symlinks;
+            match cache.lookup_in_dir(parent, name) {
+                Some(Some(e)) if !(follow && e.attrs.file_type() == FileKind::Symlink) => {
+                    drop(cache);
+                    return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink)));
+                }
+                Some(None) => {
+                    return Err(FsError::new(libc::ENOENT, format!("{}: not in listing", path.display())));
+                }
+                _ => {}
+            }
+        }
+        match self.stat_path(&path).await {
+            Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None))),
+            Err(RemoteError::Status(Status::NoSuchFile, _)) => {
+                self.cache.lock().unwrap().put_negative(parent, name);
+                // If the kernel still had an inode for this name, it is gone now.
+                self.inodes.lock().unwrap().detach_name(parent, name);
+                Err(FsError::new(libc::ENOENT, format!("{}: no such file", path.display())))
+            }
+            Err(e) => Err(self.explain(Op::Lookup, e, &path, None).await),
+        }
+    }
+
+    pub fn forget(&self, ino: Ino, nlookup: u64) {
+        let mut inodes = self.inodes.lock().unwrap();
+        inodes.forget(ino, nlookup);
+        if !inodes.contains(ino) {
+            self.cache.lock().unwrap().forget_attrs(ino);
+        }
+    }
+
+    pub async fn getattr(&self, ino: Ino, fh: Option<u64>) -> FsResult<(Attr, Duration)> {
+        let ttl = self.cache_config().attr_ttl;
+        let mut file = fh.and_then(|fh| self.files.lock().unwrap().get(&fh).cloned());
+        if file.is_none() && self.path_of(ino).is_err() {
+            // fstat(2) reaches us without a file handle; an unlinked file that is still open
+            // can only be asked through one of its handles.
+            file = self.any_open_file(ino);
+        }
+        if let Some(file) = file {
+            // An open file is asked through its handle: that works after unlink, too. Writes
+            // still in flight are waited for, so the size shown includes them.
+            if file.writes_pending() {
+                let _ = file.drain(&self.remote, &self.rt).await.map_err(|e| file.latch(e));
+            }
+            let handle = file.handle().await;
+            return match self.remote.fstat(&handle).await {
+                Ok(attrs) => {
+                    let attrs = self.with_pending_size(ino, attrs);
+                    self.cache.lock().unwrap().put_attrs(ino, CachedAttrs { attrs, nlink: None });
+                    Ok((self.make_attr(ino, &attrs, None), ttl))
+                }
+                Err(RemoteError::StaleHandle) => {
+                    let a = self.fetch_attrs(ino).await?;
+                    Ok((self.make_attr(ino, &a.attrs, a.nlink), ttl))
+                }
+                Err(e) => Err(remote_err(Op::Getattr, &e, "fstat")),
+            };
+        }
+        self.drain_inode(ino).await;
+        let a = self.fetch_attrs(ino).await?;
+        let attrs = self.with_pending_size(ino, a.attrs);
+        Ok((self.make_attr(ino, &attrs, a.nlink), ttl))
+    }
+
+    fn any_open_file(&self, ino: Ino) -> Option<Arc<OpenFile<R>>> {
+        self.files.lock().unwrap().values().find(|f| f.ino == ino).cloned()
+    }
+
+    /// Files of `ino` with writes not yet answered.
+    fn writers_of(&self, ino: Ino) -> Vec<Arc<OpenFile<R>>> {
+        self.files
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|f| f.ino == ino && f.writes_pending())
+            .cloned()
+            .collect()
+    }
+
+    /// Wait for writes in flight on any handle of `ino` (errors stay latched for flush).
+    async fn drain_inode(&self, ino: Ino) {
+        for f in self.writers_of(ino) {
+            if let Err(e) = f.drain(&self.remote, &self.rt).await {
+                f.latch(e);
+            }
+        }
+    }
+
+    /// The server may not have seen every write yet: never show a size below what was written.
+    fn with_pending_size(&self, ino: Ino, mut attrs: Attrs) -> Attrs {
+        let files = self.files.lock().unwrap();
+        for f in files.values().filter(|f| f.ino == ino && f.writes_pending()) {
+            let end = f.written_end.load(Ordering::Relaxed);
+            if attrs.size.is_some_and(|s| s < end) {
+                attrs.size = Some(end);
+            }
+        }
+        attrs
+    }
+
+    pub async fn setattr(&self, ino: Ino, fh: Option<u64>, req: SetattrRequest) -> FsResult<Attr> {
+        self.check_writable("setattr")?;
+        let path = self.path_of(ino);
+        let file = fh
+            .and_then(|fh| self.files.lock().unwrap().get(&fh).cloned())
+            .or_else(|| path.is_err().then(|| self.any_open_file(ino)).flatten());
+        let kind = self.inodes.lock().unwrap().kind(ino);
+        // Writes in flight must land before a truncate (or they would extend the file again)
+        // and before times are set (or they would bump the mtime afterwards).
+        self.drain_inode(ino).await;
+
+        let needs_current = (req.uid.is_some() != req.gid.is_some())
+            || (req.atime.is_some() != req.mtime.is_some());
+        let current = if needs_current {
+            self.cache.lock().unwrap().forget_attrs(ino);
+            Some(self.fetch_attrs(ino).await?.attrs)
+        } else {
+            None
+        };
+        let mut set = SetAttrs {
+            size: req.size,
+            perm: req.mode.map(|m| m & 0o7777),
+            ..Default::default()
+        };
+        if req.uid.is_some() || req.gid.is_some() {
+            let cur = current.unwrap_or_default();
+            let cur_attr = self.make_attr(ino, &cur, None);
+            let uid = req.uid.unwrap_or(cur_attr.uid);
+            let gid = req.gid.unwrap_or(cur_attr.gid);
+            set.uid_gid = Some(self.unmap_ids(uid, gid));
+        }
+        if req.atime.is_some() || req.mtime.is_some() {
+            let cur = current.unwrap_or_default();
+            let atime = req.atime.map(to_seconds).unwrap_or(cur.atime.unwrap_or(0));
+            let mtime = req.mtime.map(to_seconds).unwrap_or(cur.mtime.unwrap_or(0));
+            set.atime_mtime = Some((atime, mtime));
+        }
+        let op = if set.uid_gid.is_some() { Op::Chown } else { Op::Setattr };
+
+        if !set.is_empty() {
+            let result = match (&file, kind) {
+                (Some(f), _) => {
+                    let h = f.handle().await;
+                    match self.remote.fsetstat(&h, set).await {
+                        Err(RemoteError::StaleHandle) => self.remote.setstat(path.as_ref().map_err(Clone::clone)?, set).await,
+                        r => r,
+                    }
+                }
+                (None, Some(FileKind::Symlink)) => {
+                    if set.perm.is_some() {
+                        // Linux has no permissions on symlinks.
+                        return Err(FsError::new(libc::EOPNOTSUPP, "chmod of a symlink"));
+                    }
+                    self.remote.lsetstat(path.as_ref().map_err(Clone::clone)?, set).await
+                }
+                (None, _) => self.remote.setstat(path.as_ref().map_err(Clone::clone)?, set).await,
+            };
+            if let Err(e) = result {
+                let target = path.clone().unwrap_or_else(|_| self.root.clone());
+                return Err(self.explain(op, e, &target, None).await);
+            }
+        }
+        self.cache.lock().unwrap().forget_attrs(ino);
+        if let Some(f) = &file {
+            if let Some(size) = req.size {
+                f.written_end.store(size, Ordering::Relaxed);
+            }
+            let h = f.handle().await;
+            if let Ok(attrs) = self.remote.fstat(&h).await {
+                self.cache.lock().unwrap().put_attrs(ino, CachedAttrs { attrs, nlink: None });
+                return Ok(self.make_attr(ino, &attrs, None));
+            }
+        }
+        let a = self.fetch_attrs(ino).await?;
+        Ok(self.make_attr(ino, &a.attrs, a.nlink))
+    }
+
+    pub async fn readlink(&self, ino: Ino) -> FsResult<PathBuf> {
+        if let Some(t) = self.cache.lock().unwrap().get_link(ino) {
+            return Ok(t);
+        }
+        let path = self.path_of(ino)?;
+        match self.remote.readlink(&path).await {
+            Ok(target) => {
+                self.cache.lock().unwrap().put_link(ino, target.clone());
+                Ok(target)
+            }
+            Err(e) => Err(self.explain(Op::Readlink, e, &path, None).await),
+        }
+    }
+
+    /// After creating `name` in `parent` through the mount: the caches must show it at once.
+    fn created(&self, parent: Ino, name: &OsStr) {
+        self.cache.lock().unwrap().name_changed(parent, name);
+    }
+
+    /// Look up what was just created, fixing its permission bits when the server's umask
+    /// changed them (a local disk applies only the caller's umask, which the kernel already
+    /// folded into `perm`).
+    async fn finish_create(&self, parent: Ino, name: &OsStr, path: &Path, perm: Option<u32>) -> FsResult<Entry> {
+        self.created(parent, name);
+        let mut attrs = match self.remote.lstat(path).await {
+            Ok(a) => a,
+            Err(e) => return Err(self.explain(Op::Lookup, e, path, None).await),
+        };
+        if let (Some(want), Some(mode)) = (perm, attrs.mode) {
+            if mode & 0o7777 != want & 0o7777 {
+                let set = SetAttrs { perm: Some(want & 0o7777), ..Default::default() };
+                if self.remote.setstat(path, set).await.is_ok() {
+                    attrs.mode = Some((mode & libc::S_IFMT) | (want & 0o7777));
+                }
+            }
+        }
+        Ok(self.entry(self.remember(parent, name, attrs, None)))
+    }
+
+    pub async fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32, umask: u32) -> FsResult<Entry> {
+        self.check_writable("mkdir")?;
+        let path = self.child_path(parent, name)?;
+        let perm = mode & !umask & 0o7777;
+        if let Err(e) = self.remote.mkdir(&path, perm).await {
+            return Err(self.explain(Op::Mkdir, e, &path, None).await);
+        }
+        self.finish_create(parent, name, &path, Some(perm)).await
+    }
+
+    pub async fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> FsResult<Entry> {
+        self.check_writable("symlink")?;
+        let path = self.child_path(parent, name)?;
+        if target.as_os_str().is_empty() {
+            return Err(FsError::new(libc::ENOENT, "empty symlink target"));
+        }
+        if let Err(e) = self.remote.symlink(target, &path).await {
+            return Err(self.explain(Op::Symlink, e, &path, None).await);
+        }
+        self.finish_create(parent, name, &path, None).await
+    }
+
+    pub async fn unlink(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
+        self.check_writable("unlink")?;
+        let path = self.child_path(parent, name)?;
+        if let Err(e) = self.remote.remove(&path).await {
+            return Err(self.explain(Op::Unlink, e, &path, None).await);
+        }
+        self.removed(parent, name);
+        Ok(())
+    }
+
+    pub async fn rmdir(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
+        self.check_writable("rmdir")?;
+        let path = self.child_path(parent, name)?;
+        if let Err(e) = self.remote.rmdir(&path).await {
+            return Err(self.explain(Op::Rmdir, e, &path, None).await);
+        }
+        self.removed(parent, name);
+        Ok(())
+    }
+
+    fn removed(&self, parent: Ino, name: &OsStr) {
+        let ino = self.inodes.lock().unwrap().detach_name(parent, name);
+        let mut cache = self.cache.lock().unwrap();
+        cache.name_changed(parent, name);
+        if let Some(ino) = ino {
+            cache.forget_attrs(ino);
+        }
+    }
+
+    pub async fn rename(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        new_parent: Ino,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> FsResult<()> {
+        self.check_writable("rename")?;
+        if flags & libc::RENAME_EXCHANGE != 0 {
+            return Err(FsError::new(libc::EINVAL, "RENAME_EXCHANGE cannot be done atomically over SFTP"));
+        }
+        if flags & !(libc::RENAME_NOREPLACE) != 0 {
+            return Err(FsError::new(libc::EINVAL, format!("unsupported rename flags {flags:#x}")));
+        }
+        let from = self.child_path(parent, name)?;
+        let to = self.child_path(new_parent, new_name)?;
+        let into_itself = {
+            let inodes = self.inodes.lock().unwrap();
+            inodes
+                .child(parent, name)
+                .is_some_and(|moving| inodes.is_ancestor(moving, new_parent))
+        };
+        if into_itself {
+            return Err(FsError::new(libc::EINVAL, "cannot move a directory into itself"));
+        }
+        let mode = if flags & libc::RENAME_NOREPLACE != 0 {
+            RenameMode::NoReplace
+        } else {
+            RenameMode::Replace
+        };
+        if let Err(e) = self.remote.rename(&from, &to, mode).await {
+            let mut err = self.explain(Op::Rename, e, &to, Some(&from)).await;
+            // Plain SFTP RENAME refuses an existing target with the generic FAILURE.
+            if mode == RenameMode::NoReplace
+                && err.errno != libc::ENOENT
+                && self.probe_kind(&to).await.is_some()
+            {
+                err.errno = libc::EEXIST;
+            }
+            return Err(err);
+        }
+        self.inodes.lock().unwrap().rename(parent, name, new_parent, new_name);
+        let mut cache = self.cache.lock().unwrap();
+        cache.name_changed(parent, name);
+        cache.name_changed(new_parent, new_name);
+        Ok(())
+    }
+
+    pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
+        self.check_writable("link")?;
+        let existing = self.path_of(ino)?;
+        let new = self.child_path(new_parent, new_name)?;
+        if let Err(e) = self.remote.hardlink(&existing, &new).await {
+            return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
+        }
+        self.cache.lock().unwrap().forget_attrs(ino);
+        self.finish_create(new_parent, new_name, &new, None).await
+    }
+
+    // ---------------------------------------------------------------- files
+
+    pub async fn open(&self, ino: Ino, req: OpenRequest) -> FsResult<u64> {
+        if req.wants_write() {
+            self.check_writable("open for writing")?;
+        }
+        let path = self.path_of(ino)?;
+        let flags = req.remote_flags();
+        let handle = match self.remote.open(&path, flags, 0).await {
+            Ok(h) => h,
+            Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
+        };
+        if flags.truncate {
+            self.cache.lock().unwrap().forget_attrs(ino);
+        }
+        let fh = self.alloc_fh();
+        self.files
+            .lock()
+            .unwrap()
+            .insert(fh, Arc::new(OpenFile::new(ino, flags, handle)));
+        Ok(fh)
+    }
+
+    pub async fn create(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        req: OpenRequest,
+    ) -> FsResult<(Entry, u64)> {
+        self.check_writable("create")?;
+        let path = self.child_path(parent, name)?;
+        let perm = mode & !umask & 0o7777;
+        let mut flags = req.remote_flags();
+        flags.create = true;
+        flags.exclusive = req.flags & libc::O_EXCL != 0;
+        // A file created O_RDONLY is still created; SFTP wants some access to open it.
+        if !flags.read && !flags.write {
+            flags.read = true;
+        }
+        let handle = match self.remote.open(&path, flags, perm).await {
+            Ok(h) => h,
+            Err(e) => return Err(self.explain(Op::Create, e, &path, None).await),
+        };
+        let entry = match self.finish_create(parent, name, &path, Some(perm)).await {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = self.remote.close(&handle).await;
+                return Err(e);
+            }
+        };
+        let fh = self.alloc_fh();
+        self.files
+            .lock()
+            .unwrap()
+            .insert(fh, Arc::new(OpenFile::new(entry.attr.ino, flags, handle)));
+        Ok((entry, fh))
+    }
+
+    fn file(&self, fh: u64) -> FsResult<Arc<OpenFile<R>>> {
+        self.files
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| FsError::new(libc::EBADF, format!("no open file {fh}")))
+    }
+
+    /// Reopen a file whose handle belongs to a lost connection.
+    async fn reopen(&self, file: &Arc<OpenFile<R>>) -> FsResult<R::Handle> {
+        let path = self.path_of(file.ino).map_err(|e| {
+            FsError::new(libc::EIO, format!("cannot reopen after reconnect: {}", e.context))
+        })?;
+        match self.remote.open(&path, file.flags.for_reopen(), 0).await {
+            Ok(h) => {
+                tracing::info!(path = %path.display(), "reopened file after reconnect");
+                file.replace_handle(h.clone()).await;
+                Ok(h)
+            }
+            Err(e) => Err(FsError::new(libc::EIO, format!("reopen {} after reconnect: {e}", path.display()))),
+        }
+    }
+
+    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        let file = self.file(fh)?;
+        if file.writes_pending() {
+            // Read-your-writes on the same handle.
+            if let Err(e) = file.drain(&self.remote, &self.rt).await {
+                file.latch(e);
+            }
+        }
+        let handle = file.handle().await;
+        match self.read_chunks(&handle, offset, size).await {
+            Err(RemoteError::StaleHandle) => {
+                let handle = self.reopen(&file).await?;
+                self.read_chunks(&handle, offset, size)
+                    .await
+                    .map_err(|e| remote_err(Op::Read, &e, "read"))
+            }
+            r => r.map_err(|e| remote_err(Op::Read, &e, "read")),
+        }
+        .inspect(|data| {
+            self.stats.bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
+        })
+    }
+
+    /// Read `size` bytes at `offset` as several server-sized requests in flight at once.
+    async fn read_chunks(&self, handle: &R::Handle, offset: u64, size: u32) -> Result<Vec<u8>, RemoteError> {
+        let max = self.remote.limits().max_read.max(4096);
+        if size <= max {
+            return self.remote.read(handle, offset, size).await.map(|b| b.to_vec());
+        }
+        let mut set = tokio::task::JoinSet::new();
+        let mut at = 0u32;
+        let mut index = 0usize;
+        while at < size {
+            let n = (size - at).min(max);
+            let remote = self.remote.clone();
+            let handle = handle.clone();
+            let off = offset + at as u64;
+            set.spawn(async move { (index, n, remote.read(&handle, off, n).await) });
+            at += n;
+            index += 1;
+        }
+        let mut parts: Vec<Option<(u32, Bytes)>> = vec![None; index];
+        while let Some(joined) = set.join_next().await {
+            let (i, n, result) = joined.map_err(|e| RemoteError::Protocol(format!("read task: {e}")))?;
+            parts[i] = Some((n, result?));
+        }
+        let mut out = Vec::with_capacity(size as usize);
+        for (n, data) in parts.into_iter().flatten() {
+            out.extend_from_slice(&data);
+            if (data.len() as u32) < n {
+                // End of file (or a short read): what follows is not contiguous.
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Queue a write. The ordering point is this synchronous call: writes are queued in the
+    /// order the FUSE threads call it, which is the order the kernel sent them.
+    pub fn write(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> impl std::future::Future<Output = FsResult<u32>> + Send + 'static {
+        let this = self.clone();
+        let queued = (|| {
+            self.check_writable("write")?;
+            let file = self.file(fh)?;
+            let (done, rx) = oneshot::channel();
+            let job = WriteJob::Data {
+                offset,
+                data: Bytes::copy_from_slice(data),
+                done,
+            };
+            if !file.submit(&self.remote, &self.rt, job) {
+                return Err(FsError::new(libc::EBADF, "file is being closed"));
+            }
+            self.cache.lock().unwrap().forget_attrs(file.ino);
+            Ok((file, rx))
+        })();
+        async move {
+            let (file, rx) = queued?;
+            match rx.await {
+                Ok(Ok(n)) => {
+                    this.stats.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
+                    Ok(n)
+                }
+                Ok(Err(e)) => {
+                    let path = this.path_of(file.ino).unwrap_or_else(|_| this.root.clone());
+                    Err(this.explain(Op::Write, e, &path, None).await)
+                }
+                Err(_) => Err(FsError::new(libc::EIO, "writer stopped")),
+            }
+        }
+    }
+
+    /// Every close(2): report a failed write of this file.
+    pub async fn flush(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        let file = self.file(fh)?;
+        if let Err(e) = file.drain(&self.remote, &self.rt).await {
+            let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
+            return Err(self.explain(Op::Write, e, &path, None).await);
+        }
+        Ok(())
+    }
+
+    pub async fn fsync(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        self.flush(fh).await?;
+        let file = self.file(fh)?;
+        let handle = file.handle().await;
+        match self.remote.fsync(&handle).await {
+            Ok(()) | Err(RemoteError::Unsupported(_)) => Ok(()),
+            Err(e) => {
+                let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
+                Err(self.explain(Op::Fsync, e, &path, None).await)
+            }
+        }
+    }
+
+    /// Last close: the handle goes away. Errors cannot reach the application any more (the
+    /// kernel ignores them); they were reported by flush.
+    pub async fn release(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        let file = self.file(fh)?;
+        let drained = file.drain(&self.remote, &self.rt).await;
+        file.stop_writer();
+        self.files.lock().unwrap().remove(&fh);
+        self.cache.lock().unwrap().forget_attrs(file.ino);
+        let handle = file.handle().await;
+        let _ = self.remote.close(&handle).await;
+        drained.map_err(|e| remote_err(Op::Close, &e, "write before close"))
+    }
+
+    /// Wait for every write in flight on every open file (before a downgrade or unmount).
+    pub async fn flush_all(self: &Arc<Self>) -> FsResult<()> {
+        let files: Vec<_> = self.files.lock().unwrap().values().cloned().collect();
+        let mut first = Ok(());
+        for f in files {
+            if let Err(e) = f.drain(&self.remote, &self.rt).await {
+                f.latch(e.clone());
+                if first.is_ok() {
+                    first = Err(remote_err(Op::Write, &e, "flush"));
+                }
+            }
+        }
+        first
+    }
+
+    // ---------------------------------------------------------------- directories
+
+    pub async fn opendir(&self, ino: Ino) -> FsResult<u64> {
+        let path = self.path_of(ino)?;
+        let listing = match self.remote.read_dir(&path).await {
+            Ok(l) => l,
+            Err(e) => return Err(self.explain(Op::Readdir, e, &path, None).await),
+        };
+        let listing: Vec<DirEntry> = listing
+            .into_iter()
+            .filter(|e| {
+                let ok = is_valid_listing_name(&e.name);
+                if !ok {
+                    tracing::warn!(dir = %path.display(), name = ?e.name, "server sent an invalid name in a listing; hidden");
+                }
+                ok
+            })
+            .collect();
+        let mut items = Vec::with_capacity(listing.len() + 2);
+        items.push(DirItem { name: ".".into(), kind: FileKind::Dir, next_offset: 1, attrs: None, nlink: None });
+        items.push(DirItem { name: "..".into(), kind: FileKind::Dir, next_offset: 2, attrs: None, nlink: None });
+        for (i, e) in listing.iter().enumerate() {
+            items.push(DirItem {
+                name: e.name.clone(),
+                kind: e.attrs.file_type(),
+                next_offset: i as u64 + 3,
+                attrs: Some(e.attrs),
+                nlink: e.nlink,
+            });
+        }
+        self.cache.lock().unwrap().put_dir(ino, Arc::new(listing));
+        let fh = self.alloc_fh();
+        self.dirs.lock().unwrap().insert(fh, Arc::new(DirHandle { ino, items }));
+        Ok(fh)
+    }
+
+    /// Entries of an open directory from `offset` on (the kernel's cookie).
+    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<DirItem>> {
+        let dir = self
+            .dirs
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .cloned()
+            .ok_or_else(|| FsError::new(libc::EBADF, format!("no open directory {fh}")))?;
+        Ok(dir.items.iter().skip(offset as usize).cloned().collect())
+    }
+
+    /// The inode number to show for a readdir entry: the one the kernel knows, or a stable
+    /// stand-in (plain readdir does not create inodes).
+    pub fn peek_ino(&self, parent: Ino, name: &OsStr) -> u64 {
+        if name == "." || name == ".." {
+            return parent;
+        }
+        self.inodes.lock().unwrap().child(parent, name).unwrap_or(u64::MAX)
+    }
+
+    /// readdirplus: the kernel takes a lookup reference for each entry it is given. With
+    /// `follow_symlinks` a link's target is stat'ed, so `ls -l` agrees with `stat`.
+    pub async fn readdirplus_entry(&self, parent: Ino, item: &DirItem) -> FsResult<Entry> {
+        let attrs = item.attrs.ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
+        if attrs.file_type() == FileKind::Symlink && self.config.lock().unwrap().follow_symlinks {
+            return self.lookup(parent, &item.name).await;
+        }
+        Ok(self.entry(self.remember(parent, &item.name, attrs, item.nlink)))
+    }
+
+    pub fn releasedir(&self, fh: u64) {
+        self.dirs.lock().unwrap().remove(&fh);
+    }
+
+    pub fn dir_ino(&self, fh: u64) -> Option<Ino> {
+        self.dirs.lock().unwrap().get(&fh).map(|d| d.ino)
+    }
+
+    // ---------------------------------------------------------------- misc
+
+    pub async fn statfs(&self) -> FsResult<StatFs> {
+        match self.remote.statvfs(&self.root).await {
+            Ok(v) => Ok(StatFs {
+                blocks: v.blocks,
+                bfree: v.bfree,
+                bavail: v.bavail,
+                files: v.files,
+                ffree: v.ffree,
+                bsize: v.bsize.min(u32::MAX as u64) as u32,
+                namelen: v.namemax.min(255) as u32,
+                frsize: v.frsize.min(u32::MAX as u64) as u32,
+            }),
+            Err(RemoteError::Unsupported(_)) => Ok(StatFs {
+                bsize: 4096,
+                frsize: 4096,
+                namelen: 255,
+                ..Default::default()
+            }),
+            Err(e) => Err(remote_err(Op::Statfs, &e, "statvfs")),
+        }
+    }
+
+    /// access(2) without `default_permissions`: existence, read-only mount, and the mode
+    /// bits for the class the caller falls in.
+    pub async fn access(&self, ino: Ino, mask: i32, uid: u32, gid: u32) -> FsResult<()> {
+        let a = self.fetch_attrs(ino).await?;
+        if mask == libc::F_OK {
+            return Ok(());
+        }
+        if mask & libc::W_OK != 0 && self.is_read_only() {
+            return Err(FsError::new(libc::EROFS, "the mount is read-only"));
+        }
+        let attr = self.make_attr(ino, &a.attrs, a.nlink);
+        let perm = attr.perm as i32;
+        if uid == 0 {
+            // root may do anything but execute a file nobody may execute.
+            if mask & libc::X_OK != 0 && attr.kind != FileKind::Dir && perm & 0o111 == 0 {
+                return Err(FsError::new(libc::EACCES, "no execute permission"));
+            }
+            return Ok(());
+        }
+        let bits = if attr.uid == uid {
+            (perm >> 6) & 7
+        } else if attr.gid == gid {
+            (perm >> 3) & 7
+        } else {
+            perm & 7
+        };
+        if mask & !bits & 7 != 0 {
+            return Err(FsError::new(libc::EACCES, "permission bits deny access"));
+        }
+        Ok(())
+    }
+}
+
+/// The inode number of the mount's root, for the adapter.
+pub const ROOT: Ino = ROOT_INO;

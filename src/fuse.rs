@@ -1,0 +1,454 @@
+//! The thin FUSE adapter: each kernel request becomes one call into the core, run as a tokio
+//! task, and its result becomes the reply.
+//!
+//! FUSE threads never wait on the network: every handler only decodes its arguments, spawns the
+//! core call on the runtime and returns. fuser's `Reply*` values are `Send + 'static`, so the
+//! task answers the kernel whenever the server has answered it. Each task runs inside a tracing
+//! span named after the operation, with the kernel's request id.
+
+use std::ffi::OsStr;
+use std::future::Future;
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
+    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+use tracing::Instrument;
+
+use crate::core::{Attr, Entry, Fs, OpenRequest, SetattrRequest, TimeSpec};
+use crate::error::FsError;
+use crate::remote::{FileKind, Remote};
+
+/// Largest write the kernel may send in one request (needs `FUSE_MAX_PAGES`).
+pub const MAX_WRITE: u32 = 1024 * 1024;
+
+pub struct FuseAdapter<R: Remote> {
+    fs: Arc<Fs<R>>,
+}
+
+impl<R: Remote> FuseAdapter<R> {
+    pub fn new(fs: Arc<Fs<R>>) -> Self {
+        FuseAdapter { fs }
+    }
+
+    /// Run `fut` on the runtime under a span for this request.
+    fn spawn<F>(&self, op: &'static str, req: &Request, fut: F)
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let span = tracing::debug_span!("fuse", op, req = req.unique().0);
+        self.fs.stats.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.fs.runtime().spawn(fut.instrument(span));
+    }
+}
+
+fn errno(e: &FsError) -> Errno {
+    if e.is_noteworthy() {
+        tracing::warn!("{e}");
+    } else {
+        tracing::debug!("{e}");
+    }
+    Errno::from_i32(e.errno)
+}
+
+fn file_type(kind: FileKind) -> FileType {
+    match kind {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+    }
+}
+
+fn fuse_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino),
+        size: a.size,
+        blocks: a.blocks,
+        atime: a.atime,
+        mtime: a.mtime,
+        ctime: a.ctime,
+        crtime: a.ctime,
+        kind: file_type(a.kind),
+        perm: a.perm,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn reply_entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
+    match r {
+        Ok(e) => reply.entry_with_ttls(&e.attr_ttl, &e.entry_ttl, &fuse_attr(&e.attr), Generation(0)),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn reply_empty(reply: ReplyEmpty, r: Result<(), FsError>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(&e)),
+    }
+}
+
+fn time_spec(t: TimeOrNow) -> TimeSpec {
+    match t {
+        TimeOrNow::Now => TimeSpec::Now,
+        TimeOrNow::SpecificTime(t) => TimeSpec::At(t),
+    }
+}
+
+impl<R: Remote> Filesystem for FuseAdapter<R> {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Each capability is asked for only if the kernel offers it; none is essential.
+        let wanted = [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_AUTO_INVAL_DATA,
+            InitFlags::FUSE_MAX_PAGES,
+            InitFlags::FUSE_BIG_WRITES,
+            InitFlags::FUSE_ASYNC_READ,
+        ];
+        for flag in wanted {
+            let _ = config.add_capabilities(flag);
+        }
+        let _ = config.set_max_write(MAX_WRITE);
+        let _ = config.set_max_background(64);
+        let _ = config.set_congestion_threshold(48);
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.spawn("lookup", req, async move { reply_entry(reply, fs.lookup(parent.0, &name).await) });
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.fs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+        let fs = self.fs.clone();
+        self.spawn("getattr", req, async move {
+            match fs.getattr(ino.0, fh.map(|f| f.0)).await {
+                Ok((a, ttl)) => reply.attr(&ttl, &fuse_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let fs = self.fs.clone();
+        let set = SetattrRequest {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(time_spec),
+            mtime: mtime.map(time_spec),
+        };
+        self.spawn("setattr", req, async move {
+            match fs.setattr(ino.0, fh.map(|f| f.0), set).await {
+                Ok(a) => reply.attr(&fs.cache_config().attr_ttl, &fuse_attr(&a)),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
+        let fs = self.fs.clone();
+        self.spawn("readlink", req, async move {
+            match fs.readlink(ino.0).await {
+                Ok(t) => reply.data(std::os::unix::ffi::OsStrExt::as_bytes(t.as_os_str())),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _parent: INodeNo,
+        _name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        _rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        // SFTP can create regular files only (and they come through create()).
+        let e = FsError::new(libc::EPERM, format!("mknod of type {:o}: SFTP cannot create special files", mode & libc::S_IFMT));
+        reply.error(errno(&e));
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.spawn("mkdir", req, async move { reply_entry(reply, fs.mkdir(parent.0, &name, mode, umask).await) });
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.spawn("unlink", req, async move { reply_empty(reply, fs.unlink(parent.0, &name).await) });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.spawn("rmdir", req, async move { reply_empty(reply, fs.rmdir(parent.0, &name).await) });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let fs = self.fs.clone();
+        let name = link_name.to_owned();
+        let target = target.to_owned();
+        self.spawn("symlink", req, async move { reply_entry(reply, fs.symlink(parent.0, &name, &target).await) });
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let fs = self.fs.clone();
+        let (name, newname) = (name.to_owned(), newname.to_owned());
+        self.spawn("rename", req, async move {
+            reply_empty(reply, fs.rename(parent.0, &name, newparent.0, &newname, flags.bits()).await)
+        });
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let fs = self.fs.clone();
+        let newname = newname.to_owned();
+        self.spawn("link", req, async move { reply_entry(reply, fs.link(ino.0, newparent.0, &newname).await) });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let fs = self.fs.clone();
+        self.spawn("open", req, async move {
+            match fs.open(ino.0, OpenRequest { flags: flags.0 }).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let fs = self.fs.clone();
+        self.spawn("read", req, async move {
+            match fs.read(fh.0, offset, size).await {
+                Ok(data) => reply.data(&data),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // The write is queued here, on the FUSE thread, so writes keep the kernel's order.
+        let queued = self.fs.write(fh.0, offset, data);
+        self.spawn("write", req, async move {
+            match queued.await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let fs = self.fs.clone();
+        self.spawn("flush", req, async move { reply_empty(reply, fs.flush(fh.0).await) });
+    }
+
+    fn release(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let fs = self.fs.clone();
+        self.spawn("release", req, async move { reply_empty(reply, fs.release(fh.0).await) });
+    }
+
+    fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        let fs = self.fs.clone();
+        self.spawn("fsync", req, async move { reply_empty(reply, fs.fsync(fh.0).await) });
+    }
+
+    fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let fs = self.fs.clone();
+        self.spawn("opendir", req, async move {
+            match fs.opendir(ino.0).await {
+                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        // Served from the listing taken at opendir: no network, so no task needed.
+        match self.fs.readdir(fh.0, offset) {
+            Ok(items) => {
+                for item in items {
+                    let entry_ino = self.fs.peek_ino(ino.0, &item.name);
+                    if reply.add(INodeNo(entry_ino), item.next_offset, file_type(item.kind), &item.name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let fs = self.fs.clone();
+        self.spawn("readdirplus", req, async move {
+            let items = match fs.readdir(fh.0, offset) {
+                Ok(items) => items,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            for item in items {
+                if item.attrs.is_none() {
+                    // "." and "..": the kernel takes no reference for these.
+                    let attr = Attr {
+                        ino: fs.peek_ino(ino.0, &item.name),
+                        size: 0,
+                        blocks: 0,
+                        atime: SystemTime::UNIX_EPOCH,
+                        mtime: SystemTime::UNIX_EPOCH,
+                        ctime: SystemTime::UNIX_EPOCH,
+                        kind: FileKind::Dir,
+                        perm: 0o755,
+                        nlink: 1,
+                        uid: 0,
+                        gid: 0,
+                    };
+                    if reply.add(INodeNo(attr.ino), item.next_offset, &item.name, &Duration::ZERO, &fuse_attr(&attr), Generation(0)) {
+                        break;
+                    }
+                    continue;
+                }
+                let entry = match fs.readdirplus_entry(ino.0, &item).await {
+                    Ok(e) => e,
+                    // Vanished between listing and now: leave it out.
+                    Err(_) => continue,
+                };
+                if reply.add(INodeNo(entry.attr.ino), item.next_offset, &item.name, &entry.entry_ttl, &fuse_attr(&entry.attr), Generation(0)) {
+                    // Not added: give back the reference readdirplus_entry took.
+                    fs.forget(entry.attr.ino, 1);
+                    break;
+                }
+            }
+            reply.ok();
+        });
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.fs.releasedir(fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Directory changes are synchronous on the server already.
+        reply.ok();
+    }
+
+    fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let fs = self.fs.clone();
+        self.spawn("statfs", req, async move {
+            match fs.statfs().await {
+                Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let fs = self.fs.clone();
+        let (uid, gid) = (req.uid(), req.gid());
+        self.spawn("access", req, async move {
+            reply_empty(reply, fs.access(ino.0, mask.bits(), uid, gid).await)
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.spawn("create", req, async move {
+            match fs.create(parent.0, &name, mode, umask, OpenRequest { flags }).await {
+                Ok((e, fh)) => reply.created(&e.entry_ttl, &fuse_attr(&e.attr), Generation(0), FileHandle(fh), FopenFlags::empty()),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
+    }
+}

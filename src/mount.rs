@@ -1,0 +1,434 @@
+//! One mount, start to end: connect, check, mount, serve until unmounted.
+//!
+//! The order matters for "nothing is left half-mounted": every check that can fail (options,
+//! keys, the connection, the remote directory, the mount point) happens before the kernel mount,
+//! and a failure at any step leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::core::cache::CacheConfig;
+use crate::core::{Fs, FsConfig};
+use crate::daemon::Readiness;
+use crate::fuse::FuseAdapter;
+use crate::kernel_mount::{self, KernelMountOptions};
+use crate::options::{MountOptions, RemoteSpec};
+use crate::remote::sftp::{
+    CertificateSource, HostKeyPolicy, Identity, ReconnectPolicy, SftpRemote, SshConfig,
+};
+use crate::remote::{FileKind, Remote};
+
+/// Everything needed to mount, already parsed and validated.
+#[derive(Debug, Clone)]
+pub struct MountRequest {
+    pub remote: RemoteSpec,
+    pub mountpoint: PathBuf,
+    pub options: MountOptions,
+    /// `-p PORT` (wins over `-o Port=`, as in sshfs).
+    pub port: Option<u16>,
+    pub foreground: bool,
+    /// Host keys pinned on the command line (`--host-key`), instead of known_hosts.
+    pub pinned_host_keys: Vec<String>,
+    /// A private key given in memory (control plane), used before any IdentityFile.
+    pub key_in_memory: Option<String>,
+    pub certificate_in_memory: Option<String>,
+}
+
+/// A failure to mount, with the message the user sees.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+pub struct MountError {
+    pub kind: MountErrorKind,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountErrorKind {
+    Usage,
+    Auth,
+    HostKey,
+    Network,
+    RemoteDir,
+    MountPoint,
+    Kernel,
+}
+
+fn fail(kind: MountErrorKind, message: impl Into<String>) -> MountError {
+    MountError {
+        kind,
+        message: message.into(),
+    }
+}
+
+/// Parse a pinned host key: `ssh-ed25519 AAAA...`, just the base64, or a `.pub` file.
+pub fn parse_host_key(text: &str) -> Result<russh::keys::PublicKey, String> {
+    let owned;
+    let mut text = text.trim();
+    if !text.contains(' ') && Path::new(text).is_file() {
+        owned = std::fs::read_to_string(text).map_err(|e| format!("cannot read {text}: {e}"))?;
+        text = owned.trim();
+    }
+    let b64 = match text.split_whitespace().collect::<Vec<_>>().as_slice() {
+        [b64] => *b64,
+        [_alg, b64, ..] => *b64,
+        _ => return Err("empty host key".into()),
+    };
+    russh::keys::parse_public_key_base64(b64)
+        .map_err(|e| format!("'{text}' is not an OpenSSH public key: {e}"))
+}
+
+fn default_identity() -> Option<PathBuf> {
+    let home = std::env::var_os("HOME").map(PathBuf::from)?;
+    ["id_ed25519", "id_ecdsa", "id_rsa"]
+        .iter()
+        .map(|n| home.join(".ssh").join(n))
+        .find(|p| p.is_file())
+}
+
+fn current_user() -> String {
+    nix::unistd::User::from_uid(nix::unistd::getuid())
+        .ok()
+        .flatten()
+        .map(|u| u.name)
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "root".into())
+}
+
+/// Translate the command line into the SSH client's configuration.
+pub fn ssh_config(req: &MountRequest) -> Result<SshConfig, MountError> {
+    let o = &req.options;
+    let identity = if let Some(k) = &req.key_in_memory {
+        Identity::KeyInMemory(k.clone())
+    } else if let Some(f) = o.identity_files.first() {
+        Identity::KeyFile(f.clone())
+    } else if let Some(f) = default_identity() {
+        Identity::KeyFile(f)
+    } else {
+        return Err(fail(
+            MountErrorKind::Auth,
+            "no private key: pass -o IdentityFile=PATH (no ~/.ssh/id_ed25519, id_ecdsa or id_rsa found)",
+        ));
+    };
+    let user = req
+        .remote
+        .user
+        .clone()
+        .or_else(|| o.user.clone())
+        .unwrap_or_else(current_user);
+    let mut cfg = SshConfig::new(req.remote.host.clone(), user, identity);
+    cfg.port = req.port.or(o.port).unwrap_or(22);
+    cfg.certificate = if let Some(c) = &req.certificate_in_memory {
+        Some(CertificateSource::InMemory(c.clone()))
+    } else {
+        o.certificate_files.first().cloned().map(CertificateSource::File)
+    };
+    cfg.host_key_policy = if !req.pinned_host_keys.is_empty() {
+        let keys = req
+            .pinned_host_keys
+            .iter()
+            .map(|k| parse_host_key(k))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| fail(MountErrorKind::Usage, format!("--host-key: {e}")))?;
+        HostKeyPolicy::Pinned(keys)
+    } else if o.strict_host_key_checking == Some(false) {
+        HostKeyPolicy::AcceptAny
+    } else if let Some(f) = &o.user_known_hosts_file {
+        HostKeyPolicy::KnownHostsFile(f.clone())
+    } else {
+        HostKeyPolicy::default_known_hosts()
+    };
+    if o.server_alive_interval.is_some() {
+        cfg.server_alive_interval = o.server_alive_interval.filter(|d| !d.is_zero());
+    }
+    if let Some(n) = o.server_alive_count_max {
+        cfg.server_alive_count_max = n;
+    }
+    if let Some(t) = o.connect_timeout {
+        cfg.connect_timeout = t;
+    }
+    if let Some(n) = o.max_conns {
+        cfg.max_conns = n;
+    }
+    cfg.reconnect = ReconnectPolicy {
+        enabled: o.reconnect,
+        ..ReconnectPolicy::default()
+    };
+    Ok(cfg)
+}
+
+/// Cache settings from sshfs-style options.
+pub fn cache_config(o: &MountOptions) -> CacheConfig {
+    let mut c = CacheConfig::default();
+    if let Some(t) = o.attr_timeout {
+        c.attr_ttl = t;
+    }
+    if let Some(t) = o.entry_timeout {
+        c.entry_ttl = t;
+    }
+    if let Some(t) = o.negative_timeout {
+        c.negative_ttl = t;
+    }
+    if let Some(t) = o.dcache_timeout {
+        c.dir_ttl = t;
+    }
+    if o.dir_cache == Some(false) {
+        c.dir_ttl = Duration::ZERO;
+    }
+    if let Some(n) = o.dcache_max_size {
+        c.max_entries = n.max(1);
+    }
+    c
+}
+
+/// Check the local mount point before connecting: a bad one is the cheapest failure.
+pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
+    let mp = |m: String| fail(MountErrorKind::MountPoint, m);
+    let canonical = path
+        .canonicalize()
+        .map_err(|e| mp(format!("mount point {}: {e}", path.display())))?;
+    let meta = std::fs::metadata(&canonical)
+        .map_err(|e| mp(format!("mount point {}: {e}", canonical.display())))?;
+    if !meta.is_dir() {
+        return Err(mp(format!("mount point {} is not a directory", canonical.display())));
+    }
+    if crate::mountinfo::is_mount_point(&canonical).unwrap_or(false) {
+        return Err(mp(format!(
+            "mount point {} is busy: something is already mounted there (unmount it first with `awcp-mount umount {}`)",
+            canonical.display(),
+            canonical.display()
+        )));
+    }
+    Ok(canonical)
+}
+
+/// Resolve the remote directory to an absolute path and check it is a directory.
+async fn resolve_root(remote: &SftpRemote, spec: &RemoteSpec) -> Result<PathBuf, MountError> {
+    let dir = if spec.dir.is_empty() { "." } else { spec.dir.as_str() };
+    let no_dir = |why: String| {
+        fail(
+            MountErrorKind::RemoteDir,
+            format!("remote directory '{dir}' on {}: {why}", spec.host),
+        )
+    };
+    let root = remote
+        .realpath(Path::new(dir))
+        .await
+        .map_err(|e| no_dir(e.to_string()))?;
+    let attrs = remote.stat(&root).await.map_err(|e| no_dir(e.to_string()))?;
+    if attrs.file_type() != FileKind::Dir {
+        return Err(no_dir("not a directory".into()));
+    }
+    Ok(root)
+}
+
+fn fuse_config(req: &MountRequest, read_only: bool) -> fuser::Config {
+    use fuser::MountOption as M;
+    let o = &req.options;
+    let mut c = fuser::Config::default();
+    c.mount_options = vec![
+        M::FSName(fsname(req)),
+        M::Subtype(o.subtype.clone().unwrap_or_else(|| "awcp".into())),
+        M::NoDev,
+        M::NoSuid,
+        if read_only { M::RO } else { M::RW },
+    ];
+    if o.default_permissions {
+        c.mount_options.push(M::DefaultPermissions);
+    }
+    for f in &o.kernel_flags {
+        c.mount_options.push(match f.as_str() {
+            "noexec" => M::NoExec,
+            "noatime" | "nodiratime" => M::NoAtime,
+            "sync" => M::Sync,
+            // nodev and nosuid are always on.
+            _ => continue,
+        });
+    }
+    c.acl = if o.allow_other {
+        fuser::SessionACL::All
+    } else if o.allow_root {
+        fuser::SessionACL::RootAndOwner
+    } else {
+        fuser::SessionACL::Owner
+    };
+    c.n_threads = Some(2);
+    c.clone_fd = true;
+    c
+}
+
+/// Mount and serve until unmounted. Returns the process exit status.
+pub fn run(req: MountRequest, mut readiness: Readiness) -> i32 {
+    match run_inner(&req, &mut readiness) {
+        Ok(()) => 0,
+        Err(e) => {
+            readiness.failed(&e.message);
+            if !readiness.is_daemon() {
+                eprintln!("awcp-mount: {}", e.message);
+            }
+            1
+        }
+    }
+}
+
+fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountError> {
+    for ignored in &req.options.ignored {
+        tracing::debug!(option = %ignored, "option accepted and ignored (no effect on Linux)");
+    }
+    let mountpoint = check_mountpoint(&req.mountpoint)?;
+    let ssh = ssh_config(req)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("awcp-io")
+        .build()
+        .map_err(|e| fail(MountErrorKind::Kernel, format!("cannot start runtime: {e}")))?;
+
+    let remote = rt
+        .block_on(SftpRemote::connect(ssh))
+        .map_err(|e| {
+            use crate::remote::sftp::ConnectErrorKind as K;
+            let kind = match e.kind() {
+                K::Auth | K::Key => MountErrorKind::Auth,
+                K::HostKeyUnknown | K::HostKeyChanged => MountErrorKind::HostKey,
+                K::NoSuchRemoteDir => MountErrorKind::RemoteDir,
+                K::Network | K::Sftp => MountErrorKind::Network,
+            };
+            fail(kind, e.to_string())
+        })?;
+    let remote = Arc::new(remote);
+    let root = rt.block_on(resolve_root(&remote, &req.remote))?;
+    let read_only = req.options.read_only;
+
+    let idmap = if req.options.idmap_user {
+        let a = rt
+            .block_on(remote.stat(&root))
+            .map_err(|e| fail(MountErrorKind::RemoteDir, format!("stat of the remote directory: {e}")))?;
+        Some((
+            (a.uid.unwrap_or(0), a.gid.unwrap_or(0)),
+            (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()),
+        ))
+    } else {
+        None
+    };
+    let config = FsConfig {
+        cache: cache_config(&req.options),
+        read_only,
+        follow_symlinks: req.options.follow_symlinks,
+        idmap,
+    };
+    let fs = Arc::new(Fs::new(remote.clone(), root.clone(), config, rt.handle().clone()));
+    let adapter = FuseAdapter::new(fs.clone());
+    let fuse_cfg = fuse_config(req, read_only);
+    let mount_err = |e: std::io::Error| {
+        fail(
+            MountErrorKind::Kernel,
+            format!("cannot mount on {}: {e}", mountpoint.display()),
+        )
+    };
+    let (session, unmounter) = if nix::unistd::geteuid().is_root() {
+        let dir = kernel_mount::open_dir_nofollow(&mountpoint).map_err(mount_err)?;
+        let dev = kernel_mount::mount_on_fd(&dir, &kernel_mount_options(req, read_only))
+            .map_err(mount_err)?;
+        match fuser::Session::from_fd(adapter, dev, fuse_cfg.acl, fuse_cfg.clone()) {
+            Ok(s) => (s, Unmounter::Direct(mountpoint.clone())),
+            Err(e) => {
+                // Mounted but the kernel handshake failed: take the mount down again.
+                let _ = nix::mount::umount2(&mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                return Err(mount_err(e));
+            }
+        }
+    } else {
+        let mut s = fuser::Session::new(adapter, &mountpoint, &fuse_cfg).map_err(mount_err)?;
+        let u = s.unmount_callable();
+        (s, Unmounter::Fuser(u))
+    };
+    tracing::info!(remote = %root.display(), mountpoint = %mountpoint.display(), "mounted");
+    serve(session, unmounter, fs, &rt, mountpoint, readiness)
+}
+
+/// How to take our mount down when asked to by a signal.
+enum Unmounter {
+    /// We mounted it with mount(2).
+    Direct(PathBuf),
+    /// fuser mounted it through fusermount3.
+    Fuser(fuser::SessionUnmounter),
+}
+
+impl Unmounter {
+    fn unmount(self) -> std::io::Result<()> {
+        match self {
+            Unmounter::Direct(path) => {
+                nix::mount::umount2(&path, nix::mount::MntFlags::empty()).map_err(Into::into)
+            }
+            Unmounter::Fuser(mut u) => u.unmount(),
+        }
+    }
+}
+
+fn kernel_mount_options(req: &MountRequest, read_only: bool) -> KernelMountOptions {
+    let o = &req.options;
+    KernelMountOptions {
+        fsname: fsname(req),
+        read_only,
+        allow_other: o.allow_other || o.allow_root,
+        default_permissions: o.default_permissions,
+        noexec: o.kernel_flags.iter().any(|f| f == "noexec"),
+        noatime: o.kernel_flags.iter().any(|f| f == "noatime" || f == "nodiratime"),
+        sync: o.kernel_flags.iter().any(|f| f == "sync"),
+    }
+}
+
+fn fsname(req: &MountRequest) -> String {
+    req.options.fsname.clone().unwrap_or_else(|| {
+        let user = req.remote.user.as_deref().map(|u| format!("{u}@")).unwrap_or_default();
+        format!("{user}{}:{}", req.remote.host, req.remote.dir)
+    })
+}
+
+/// Serve requests until the filesystem is unmounted, by `umount`/`fusermount3 -u` (the kernel
+/// ends the session) or by a signal (we unmount ourselves, after flushing writes).
+fn serve<R: Remote>(
+    session: fuser::Session<FuseAdapter<R>>,
+    unmounter: Unmounter,
+    fs: Arc<Fs<R>>,
+    rt: &tokio::runtime::Runtime,
+    mountpoint: PathBuf,
+    readiness: &mut Readiness,
+) -> Result<(), MountError> {
+    let signals_fs = fs.clone();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::hangup()),
+        ) else {
+            tracing::warn!("cannot install signal handlers; unmount with `awcp-mount umount`");
+            return;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            _ = hup.recv() => {}
+        }
+        tracing::info!("signal received: flushing and unmounting");
+        if let Err(e) = signals_fs.flush_all().await {
+            tracing::warn!("some writes could not be flushed before unmount: {e}");
+        }
+        let mp = mountpoint.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if let Err(e) = unmounter.unmount() {
+                // Busy: detach lazily so the process can still exit cleanly.
+                tracing::info!("unmount of {} failed ({e}); detaching lazily", mp.display());
+                let _ = nix::mount::umount2(&mp, nix::mount::MntFlags::MNT_DETACH);
+            }
+        })
+        .await;
+    });
+    readiness.ready();
+    let result = session.run();
+    // Writes still queued when the kernel let go (umount with open files is refused, so
+    // normally none) get a last chance.
+    let _ = rt.block_on(fs.flush_all());
+    result.map_err(|e| fail(MountErrorKind::Kernel, format!("FUSE session ended with an error: {e}")))
+}

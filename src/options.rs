@@ -1,0 +1,436 @@
+//! sshfs-compatible `-o` options, parsed into a typed [`MountOptions`].
+//!
+//! An AWCP executor that runs `sshfs` today must be able to run `awcp-mount` with the same
+//! command line, so every option it passes is accepted: the ssh ones (`IdentityFile=`,
+//! `Port=`, ...), the sshfs ones (`reconnect`, `follow_symlinks`, ...), the FUSE ones (`ro`,
+//! `allow_other`, ...), and the macOS-only ones AWCP executors pass on every platform
+//! (`noappledouble`, `volname=`, ...), which are ignored with a debug log. Anything else is an
+//! error that names the option: silently ignoring a misspelt `ro` would be dangerous.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What `-o` options can set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MountOptions {
+    pub identity_files: Vec<PathBuf>,
+    pub certificate_files: Vec<PathBuf>,
+    pub port: Option<u16>,
+    pub user: Option<String>,
+    /// `StrictHostKeyChecking`: `Some(false)` for `no`/`off`.
+    pub strict_host_key_checking: Option<bool>,
+    pub user_known_hosts_file: Option<PathBuf>,
+    pub server_alive_interval: Option<Duration>,
+    pub server_alive_count_max: Option<u32>,
+    pub connect_timeout: Option<Duration>,
+    pub reconnect: bool,
+    pub follow_symlinks: bool,
+    pub read_only: bool,
+    pub allow_other: bool,
+    pub allow_root: bool,
+    pub default_permissions: bool,
+    pub entry_timeout: Option<Duration>,
+    pub attr_timeout: Option<Duration>,
+    pub negative_timeout: Option<Duration>,
+    pub dir_cache: Option<bool>,
+    pub dcache_timeout: Option<Duration>,
+    pub dcache_max_size: Option<usize>,
+    pub max_conns: Option<usize>,
+    pub idmap_user: bool,
+    pub kernel_cache: bool,
+    pub fsname: Option<String>,
+    pub subtype: Option<String>,
+    pub debug: bool,
+    /// Kernel mount flags passed through (`nodev`, `nosuid`, `noexec`, `noatime`, ...).
+    pub kernel_flags: Vec<String>,
+    /// Options we accepted but do nothing with, for the debug log.
+    pub ignored: Vec<String>,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            identity_files: Vec::new(),
+            certificate_files: Vec::new(),
+            port: None,
+            user: None,
+            strict_host_key_checking: None,
+            user_known_hosts_file: None,
+            server_alive_interval: None,
+            server_alive_count_max: None,
+            connect_timeout: None,
+            reconnect: false,
+            follow_symlinks: false,
+            read_only: false,
+            allow_other: false,
+            allow_root: false,
+            default_permissions: false,
+            entry_timeout: None,
+            attr_timeout: None,
+            negative_timeout: None,
+            dir_cache: None,
+            dcache_timeout: None,
+            dcache_max_size: None,
+            max_conns: None,
+            idmap_user: false,
+            kernel_cache: false,
+            fsname: None,
+            subtype: None,
+            debug: false,
+            kernel_flags: Vec::new(),
+            ignored: Vec::new(),
+        }
+    }
+}
+
+/// Options that only mean something on macOS (macFUSE/osxfuse), which AWCP executors pass
+/// regardless of platform. Accepted and ignored.
+const MACOS_ONLY: &[&str] = &[
+    "noappledouble",
+    "noapplexattr",
+    "volname",
+    "local",
+    "defer_permissions",
+    "auto_xattr",
+    "iosize",
+    "jail_symlinks",
+    "novncache",
+    "noubc",
+    "negative_vncache",
+    "daemon_timeout",
+    "nolocalcaches",
+    "auto_cache",
+];
+
+/// Options of sshfs/ssh/FUSE that have no effect here but are harmless to accept.
+const HARMLESS: &[&str] = &[
+    "transform_symlinks",
+    "big_writes",
+    "large_read",
+    "workaround",
+    "sshfs_sync",
+    "no_readahead",
+    "sync_readdir",
+    "delay_connect",
+    "Compression",
+    "Ciphers",
+    "LogLevel",
+    "BatchMode",
+    "PasswordAuthentication",
+    "PreferredAuthentications",
+    "ForwardAgent",
+    "ForwardX11",
+    "IdentitiesOnly",
+    "AddressFamily",
+    "ssh_protocol",
+    "hard_remove",
+    "use_ino",
+    "readdir_ino",
+    "auto_unmount",
+    "dirsync",
+    "async",
+    "rw",
+    "dev",
+    "suid",
+    "exec",
+    "atime",
+    "nonempty",
+    "max_read",
+    "max_write",
+    "blksize",
+    "cache",
+    "cache_timeout",
+    "cache_stat_timeout",
+    "cache_dir_timeout",
+    "cache_link_timeout",
+    "cache_max_size",
+    "max_readahead",
+];
+
+const KERNEL_FLAGS: &[&str] = &["nodev", "nosuid", "noexec", "noatime", "nodiratime", "sync"];
+
+/// A problem with one option, phrased for the person who typed it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("option '{option}': {problem}")]
+pub struct OptionError {
+    pub option: String,
+    pub problem: String,
+}
+
+fn bad(option: &str, problem: impl Into<String>) -> OptionError {
+    OptionError {
+        option: option.to_string(),
+        problem: problem.into(),
+    }
+}
+
+fn parse_bool(opt: &str, v: &str) -> Result<bool, OptionError> {
+    match v.to_ascii_lowercase().as_str() {
+        "yes" | "true" | "on" | "1" => Ok(true),
+        "no" | "false" | "off" | "0" => Ok(false),
+        _ => Err(bad(opt, format!("'{v}' is not yes or no"))),
+    }
+}
+
+fn parse_secs(opt: &str, v: &str) -> Result<Duration, OptionError> {
+    let secs: f64 = v
+        .parse()
+        .map_err(|_| bad(opt, format!("'{v}' is not a number of seconds")))?;
+    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        return Err(bad(opt, format!("'{v}' is out of range")));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_num<T: std::str::FromStr>(opt: &str, v: &str) -> Result<T, OptionError> {
+    v.parse()
+        .map_err(|_| bad(opt, format!("'{v}' is not a valid number")))
+}
+
+fn need<'a>(opt: &str, v: Option<&'a str>) -> Result<&'a str, OptionError> {
+    match v {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(bad(opt, "needs a value, as in {opt}=VALUE".replace("{opt}", opt))),
+    }
+}
+
+impl MountOptions {
+    /// Apply one `-o` argument, which may hold several comma-separated options.
+    pub fn apply_list(&mut self, list: &str) -> Result<(), OptionError> {
+        for opt in list.split(',').filter(|o| !o.is_empty()) {
+            self.apply(opt)?;
+        }
+        Ok(())
+    }
+
+    /// Apply one option (`name` or `name=value`). ssh options are matched case-insensitively
+    /// as ssh does; the others exactly.
+    pub fn apply(&mut self, opt: &str) -> Result<(), OptionError> {
+        let (name, value) = match opt.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (opt, None),
+        };
+        // ssh_config keywords are case-insensitive.
+        match name.to_ascii_lowercase().as_str() {
+            "identityfile" => {
+                self.identity_files.push(PathBuf::from(need(name, value)?));
+                return Ok(());
+            }
+            "certificatefile" => {
+                self.certificate_files.push(PathBuf::from(need(name, value)?));
+                return Ok(());
+            }
+            "port" => {
+                self.port = Some(parse_num(name, need(name, value)?)?);
+                return Ok(());
+            }
+            "user" => {
+                self.user = Some(need(name, value)?.to_string());
+                return Ok(());
+            }
+            "stricthostkeychecking" => {
+                let v = need(name, value)?;
+                self.strict_host_key_checking = Some(match v.to_ascii_lowercase().as_str() {
+                    "no" | "off" => false,
+                    // accept-new would write to known_hosts; we verify strictly instead.
+                    "yes" | "ask" | "accept-new" => true,
+                    _ => return Err(bad(name, format!("'{v}' is not yes, no, ask or accept-new"))),
+                });
+                return Ok(());
+            }
+            "userknownhostsfile" => {
+                self.user_known_hosts_file = Some(PathBuf::from(need(name, value)?));
+                return Ok(());
+            }
+            "serveraliveinterval" => {
+                self.server_alive_interval = Some(parse_secs(name, need(name, value)?)?);
+                return Ok(());
+            }
+            "serveralivecountmax" => {
+                self.server_alive_count_max = Some(parse_num(name, need(name, value)?)?);
+                return Ok(());
+            }
+            "connecttimeout" => {
+                self.connect_timeout = Some(parse_secs(name, need(name, value)?)?);
+                return Ok(());
+            }
+            _ => {}
+        }
+        match (name, value) {
+            ("reconnect", None) => self.reconnect = true,
+            ("follow_symlinks", None) => self.follow_symlinks = true,
+            ("ro", None) => self.read_only = true,
+            ("allow_other", None) => self.allow_other = true,
+            ("allow_root", None) => self.allow_root = true,
+            ("default_permissions", None) => self.default_permissions = true,
+            ("kernel_cache", None) => self.kernel_cache = true,
+            ("debug", None) => self.debug = true,
+            ("entry_timeout", Some(v)) => self.entry_timeout = Some(parse_secs(name, v)?),
+            ("attr_timeout", Some(v)) => self.attr_timeout = Some(parse_secs(name, v)?),
+            ("negative_timeout", Some(v)) => self.negative_timeout = Some(parse_secs(name, v)?),
+            ("dir_cache", Some(v)) => self.dir_cache = Some(parse_bool(name, v)?),
+            ("dcache_timeout", Some(v)) => self.dcache_timeout = Some(parse_secs(name, v)?),
+            ("dcache_max_size", Some(v)) => self.dcache_max_size = Some(parse_num(name, v)?),
+            ("max_conns", Some(v)) => {
+                let n: usize = parse_num(name, v)?;
+                if !(1..=10).contains(&n) {
+                    return Err(bad(name, "must be between 1 and 10 (OpenSSH's MaxSessions is 10)"));
+                }
+                self.max_conns = Some(n);
+            }
+            ("idmap", Some("user")) => self.idmap_user = true,
+            ("idmap", Some("none")) => self.idmap_user = false,
+            ("idmap", Some(v)) => return Err(bad(name, format!("'{v}' is not supported (use user or none)"))),
+            ("fsname", Some(v)) => self.fsname = Some(v.to_string()),
+            ("subtype", Some(v)) => self.subtype = Some(v.to_string()),
+            _ if KERNEL_FLAGS.contains(&name) && value.is_none() => {
+                self.kernel_flags.push(name.to_string())
+            }
+            _ if MACOS_ONLY.contains(&name) || HARMLESS.contains(&name) => {
+                self.ignored.push(opt.to_string())
+            }
+            (
+                "reconnect" | "follow_symlinks" | "ro" | "allow_other" | "allow_root"
+                | "default_permissions" | "kernel_cache" | "debug",
+                Some(_),
+            ) => return Err(bad(name, "takes no value")),
+            (
+                "entry_timeout" | "attr_timeout" | "negative_timeout" | "dir_cache"
+                | "dcache_timeout" | "dcache_max_size" | "max_conns" | "idmap" | "fsname"
+                | "subtype",
+                None,
+            ) => return Err(bad(name, format!("needs a value, as in {name}=VALUE"))),
+            _ => {
+                return Err(bad(
+                    name,
+                    "unknown option (see `awcp-mount --help` for the list of supported options)",
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `[USER@]HOST:[DIR]`, as sshfs takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteSpec {
+    pub user: Option<String>,
+    pub host: String,
+    /// Empty means the login directory.
+    pub dir: String,
+}
+
+impl std::str::FromStr for RemoteSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let usage = "expected [USER@]HOST:[DIR], for example awcp@127.0.0.1:/srv/workspace";
+        let (user, rest) = match s.split_once('@') {
+            Some((u, r)) => (Some(u), r),
+            None => (None, s),
+        };
+        let (host, dir) = if let Some(r) = rest.strip_prefix('[') {
+            // [IPv6]:dir
+            let (h, after) = r
+                .split_once(']')
+                .ok_or_else(|| format!("'{s}': unclosed '[' in host; {usage}"))?;
+            let dir = after
+                .strip_prefix(':')
+                .ok_or_else(|| format!("'{s}': missing ':' after the host; {usage}"))?;
+            (h, dir)
+        } else {
+            rest.split_once(':')
+                .ok_or_else(|| format!("'{s}': missing ':' after the host; {usage}"))?
+        };
+        if host.is_empty() {
+            return Err(format!("'{s}': empty host name; {usage}"));
+        }
+        if let Some(u) = user {
+            validate_user(u).map_err(|e| format!("'{s}': {e}"))?;
+        }
+        if host.starts_with('-') || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return Err(format!("'{s}': '{host}' is not a valid host name"));
+        }
+        Ok(RemoteSpec {
+            user: user.map(str::to_string),
+            host: host.to_string(),
+            dir: dir.to_string(),
+        })
+    }
+}
+
+/// A user name must not be readable as an option or contain anything a shell or ssh would
+/// interpret; we never pass it to a program, but the same check protects logs and status.
+pub fn validate_user(u: &str) -> Result<(), String> {
+    if u.is_empty() {
+        return Err("empty user name".into());
+    }
+    if u.starts_with('-') {
+        return Err(format!("user name '{u}' starts with '-'"));
+    }
+    if u.len() > 64
+        || !u
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '$'))
+    {
+        return Err(format!(
+            "user name '{u}' may only contain letters, digits, '_', '-', '.' and a final '$'"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn awcp_reference_command_line_is_accepted() {
+        let mut o = MountOptions::default();
+        for opt in [
+            "IdentityFile=/tmp/k",
+            "CertificateFile=/tmp/k-cert.pub",
+            "Port=2232",
+            "StrictHostKeyChecking=no",
+            "UserKnownHostsFile=/dev/null",
+            "reconnect",
+            "ServerAliveInterval=15",
+            "ServerAliveCountMax=3",
+            "noappledouble",
+            "follow_symlinks",
+        ] {
+            o.apply_list(opt).unwrap();
+        }
+        assert_eq!(o.port, Some(2232));
+        assert_eq!(o.strict_host_key_checking, Some(false));
+        assert!(o.reconnect && o.follow_symlinks);
+        assert_eq!(o.server_alive_interval, Some(Duration::from_secs(15)));
+        assert_eq!(o.ignored, vec!["noappledouble".to_string()]);
+    }
+
+    #[test]
+    fn unknown_and_malformed_options_are_named() {
+        let mut o = MountOptions::default();
+        let e = o.apply_list("ro,nosuchoption").unwrap_err();
+        assert_eq!(e.option, "nosuchoption");
+        assert!(o.apply("Port=abc").unwrap_err().to_string().contains("Port"));
+        assert!(o.apply("ro=1").is_err());
+        assert!(o.apply("attr_timeout").is_err());
+        assert!(o.apply("max_conns=50").is_err());
+    }
+
+    #[test]
+    fn remote_specs() {
+        let r: RemoteSpec = "awcp@127.0.0.1:/home/awcp/x/".parse().unwrap();
+        assert_eq!(r.user.as_deref(), Some("awcp"));
+        assert_eq!(r.host, "127.0.0.1");
+        assert_eq!(r.dir, "/home/awcp/x/");
+        let r: RemoteSpec = "host:".parse().unwrap();
+        assert_eq!((r.user, r.dir.as_str()), (None, ""));
+        let r: RemoteSpec = "u@[::1]:d".parse().unwrap();
+        assert_eq!(r.host, "::1");
+        assert!("nohost".parse::<RemoteSpec>().is_err());
+        assert!("-oProxyCommand=x@h:".parse::<RemoteSpec>().is_err());
+        assert!("a b@h:".parse::<RemoteSpec>().is_err());
+    }
+}

@@ -1,0 +1,489 @@
+//! One SFTP session on one SSH session channel, with pipelining.
+//!
+//! Any number of tokio tasks call [`SftpChannel::request`] at once. Each request gets an id,
+//! its encoded packet goes to a single writer task (so packets never interleave on the wire and
+//! a cancelled caller can never leave half a packet behind), and a reader task reassembles
+//! replies from the channel's data chunks and completes the waiting request by id.
+//!
+//! Bounds: russh's own send queue is unbounded, so every request first takes a slot from a
+//! per-channel semaphore of [`MAX_REQUESTS_IN_FLIGHT`] and as many permits from a byte semaphore
+//! as it moves payload ([`MAX_BYTES_IN_FLIGHT`]). Permits are released when the reply arrives
+//! (not when the caller gives up), so the bound holds even for cancelled requests.
+//!
+//! When the channel or the connection dies, every pending request completes with
+//! [`RemoteError::Disconnected`] and later requests fail fast the same way. There is no
+//! request timeout: a dead peer is detected by SSH keepalives, which close the connection.
+//! If a caller stops waiting for an OPEN/OPENDIR and its HANDLE arrives later, the reader
+//! closes that handle on the server instead of leaking it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use russh::client::Msg;
+use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tracing::{debug, trace};
+
+use super::codec::{self, OutPacket, Request, Response, Version};
+use crate::remote::{RemoteError, RemoteResult};
+
+/// Requests one channel may have outstanding. OpenSSH's sftp-server reads requests as they
+/// come and answers each in turn, so this only bounds our memory and the server's queue.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
+
+/// Payload bytes (READ lengths + WRITE data) one channel may have outstanding.
+pub const MAX_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
+
+/// Signals the death of the connection that several channels share. The first reason wins.
+#[derive(Debug, Clone)]
+pub(crate) struct DeathSignal {
+    tx: Arc<watch::Sender<Option<String>>>,
+}
+
+impl DeathSignal {
+    pub(crate) fn new() -> DeathSignal {
+        DeathSignal {
+            tx: Arc::new(watch::Sender::new(None)),
+        }
+    }
+
+    pub(crate) fn fire(&self, reason: &str) {
+        self.tx.send_if_modified(|r| {
+            if r.is_none() {
+                *r = Some(reason.to_string());
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    pub(crate) fn reason(&self) -> Option<String> {
+        self.tx.borrow().clone()
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<String>> {
+        self.tx.subscribe()
+    }
+}
+
+struct Pending {
+    tx: oneshot::Sender<RemoteResult<Response>>,
+    /// Held until the reply arrives.
+    _permits: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
+}
+
+struct Shared {
+    index: usize,
+    /// `None` once the channel is dead: nothing can be registered any more.
+    pending: Mutex<Option<HashMap<u32, Pending>>>,
+    dead_reason: Mutex<Option<String>>,
+    /// `true` once dead; lets the writer stop waiting on a window that will never open.
+    dead_tx: watch::Sender<bool>,
+    next_id: AtomicU32,
+    req_sem: Arc<Semaphore>,
+    byte_sem: Arc<Semaphore>,
+    death: DeathSignal,
+}
+
+impl Shared {
+    fn reason(&self) -> String {
+        self.dead_reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .unwrap_or_else(|| "SFTP channel closed".into())
+    }
+
+    fn is_dead(&self) -> bool {
+        *self.dead_tx.borrow()
+    }
+
+    /// Allocate an id that is not in use (ids wrap after 2^32 requests).
+    fn alloc_id(&self, pending: &HashMap<u32, Pending>) -> u32 {
+        loop {
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            if !pending.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// Mark the channel dead and fail everything that is waiting.
+    fn kill(&self, reason: String) {
+        let drained = {
+            let mut r = self.dead_reason.lock().unwrap_or_else(|e| e.into_inner());
+            if r.is_none() {
+                *r = Some(reason.clone());
+            }
+            self.pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+        };
+        let reason = self.reason();
+        if let Some(map) = drained {
+            debug!(
+                channel = self.index,
+                pending = map.len(),
+                "SFTP channel dead: {reason}"
+            );
+            for (_, p) in map {
+                let _ = p.tx.send(Err(RemoteError::Disconnected(reason.clone())));
+            }
+        }
+        self.dead_tx.send_replace(true);
+        self.req_sem.close();
+        self.byte_sem.close();
+        self.death.fire(&reason);
+    }
+}
+
+/// A live SFTP session on one SSH channel.
+pub(crate) struct SftpChannel {
+    shared: Arc<Shared>,
+    writer: mpsc::UnboundedSender<OutPacket>,
+    version: Version,
+}
+
+impl std::fmt::Debug for SftpChannel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SftpChannel")
+            .field("index", &self.shared.index)
+            .field("dead", &self.shared.is_dead())
+            .finish()
+    }
+}
+
+/// Why a channel could not be started.
+#[derive(Debug)]
+pub(crate) enum StartError {
+    /// The SSH layer failed (connection lost, channel open refused).
+    Ssh(String),
+    /// The server refused the subsystem or spoke something we do not understand.
+    Sftp(String),
+}
+
+impl SftpChannel {
+    /// Open a session channel on `session`, start the `sftp` subsystem, do INIT/VERSION and
+    /// spawn the reader and writer tasks.
+    pub(crate) async fn open<H: russh::client::Handler>(
+        session: &russh::client::Handle<H>,
+        index: usize,
+        death: DeathSignal,
+    ) -> Result<SftpChannel, StartError> {
+        let mut ch = session
+            .channel_open_session()
+            .await
+            .map_err(|e| StartError::Ssh(format!("opening SSH channel failed: {e}")))?;
+        ch.request_subsystem(true, "sftp")
+            .await
+            .map_err(|e| StartError::Ssh(format!("requesting the sftp subsystem failed: {e}")))?;
+        loop {
+            match ch.wait().await {
+                Some(ChannelMsg::Success) => break,
+                Some(ChannelMsg::Failure) => {
+                    return Err(StartError::Sftp(
+                        "the server refused to start the sftp subsystem (is `Subsystem sftp` \
+                         enabled in the server's sshd_config?)"
+                            .into(),
+                    ))
+                }
+                Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
+                    return Err(StartError::Sftp(
+                        "the server closed the channel while starting the sftp subsystem".into(),
+                    ))
+                }
+                Some(other) => trace!("ignoring {other:?} while waiting for subsystem"),
+            }
+        }
+
+        // INIT / VERSION, before the reader task exists (VERSION carries no request id).
+        let init = codec::encode_init();
+        ch.data_bytes(init.head)
+            .await
+            .map_err(|e| StartError::Ssh(format!("sending SFTP INIT failed: {e}")))?;
+        let mut buf = BytesMut::new();
+        let version = loop {
+            match codec::split_frame(&mut buf) {
+                Ok(Some(frame)) => {
+                    break codec::decode_version(frame)
+                        .map_err(|e| StartError::Sftp(format!("bad SFTP VERSION reply: {e}")))?
+                }
+                Ok(None) => {}
+                Err(e) => return Err(StartError::Sftp(format!("bad SFTP VERSION reply: {e}"))),
+            }
+            match ch.wait().await {
+                Some(ChannelMsg::Data { data }) => buf.extend_from_slice(&data),
+                Some(ChannelMsg::ExtendedData { data, .. }) => {
+                    debug!(
+                        "sftp-server stderr: {}",
+                        String::from_utf8_lossy(&data).trim_end()
+                    )
+                }
+                Some(ChannelMsg::Close) | Some(ChannelMsg::Eof) | None => {
+                    return Err(StartError::Sftp(
+                        "the server closed the SFTP channel before answering INIT \
+                         (the remote shell may print text at login, or sftp is disabled)"
+                            .into(),
+                    ))
+                }
+                Some(_) => {}
+            }
+        };
+        if version.version != codec::SFTP_VERSION {
+            return Err(StartError::Sftp(format!(
+                "the server speaks SFTP version {}, only version 3 is supported",
+                version.version
+            )));
+        }
+        debug!(
+            channel = index,
+            extensions = ?version.extensions.iter().map(|e| &e.0).collect::<Vec<_>>(),
+            "SFTP session started"
+        );
+
+        let (read, write) = ch.split();
+        let (dead_tx, _) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            index,
+            pending: Mutex::new(Some(HashMap::new())),
+            dead_reason: Mutex::new(None),
+            dead_tx,
+            next_id: AtomicU32::new(1),
+            req_sem: Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
+            byte_sem: Arc::new(Semaphore::new(MAX_BYTES_IN_FLIGHT)),
+            death,
+        });
+        let (wtx, wrx) = mpsc::unbounded_channel();
+        tokio::spawn(writer_task(write, wrx, shared.clone()));
+        tokio::spawn(reader_task(read, shared.clone(), wtx.downgrade(), buf));
+        Ok(SftpChannel {
+            shared,
+            writer: wtx,
+            version,
+        })
+    }
+
+    pub(crate) fn version(&self) -> &Version {
+        &self.version
+    }
+
+    /// Requests waiting for a reply (for picking the least loaded channel).
+    pub(crate) fn load(&self) -> usize {
+        MAX_REQUESTS_IN_FLIGHT.saturating_sub(self.shared.req_sem.available_permits())
+    }
+
+    fn disconnected(&self) -> RemoteError {
+        RemoteError::Disconnected(self.shared.reason())
+    }
+
+    /// Send `req` and wait for its reply. Cancel-safe: dropping the future never corrupts the
+    /// stream, and the in-flight bounds stay held until the server answers.
+    pub(crate) async fn request(&self, req: &Request<'_>) -> RemoteResult<Response> {
+        self.send(req).await?.wait().await
+    }
+
+    /// Queue `req` for sending and return without waiting for the reply. Packets queued by
+    /// successive calls go on the wire in call order. Waits only for the in-flight bounds.
+    pub(crate) async fn send(&self, req: &Request<'_>) -> RemoteResult<PendingReply> {
+        if self.shared.is_dead() {
+            return Err(self.disconnected());
+        }
+        let req_permit = self
+            .shared
+            .req_sem
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| self.disconnected())?;
+        let cost = req.data_cost().min(MAX_BYTES_IN_FLIGHT) as u32;
+        let byte_permit = self
+            .shared
+            .byte_sem
+            .clone()
+            .acquire_many_owned(cost)
+            .await
+            .map_err(|_| self.disconnected())?;
+
+        // From here to the end there is no await: the request is registered and queued
+        // entirely, or not at all.
+        let (tx, rx) = oneshot::channel();
+        let id = {
+            let mut guard = self
+                .shared
+                .pending
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let Some(map) = guard.as_mut() else {
+                drop(guard);
+                return Err(self.disconnected());
+            };
+            let id = self.shared.alloc_id(map);
+            map.insert(
+                id,
+                Pending {
+                    tx,
+                    _permits: Some((req_permit, byte_permit)),
+                },
+            );
+            id
+        };
+        let packet = codec::encode_request(id, req);
+        trace!(channel = self.shared.index, id, op = req.name(), "send");
+        if self.writer.send(packet).is_err() {
+            self.shared.kill("SFTP writer stopped".into());
+        }
+        Ok(PendingReply {
+            rx,
+            shared: self.shared.clone(),
+        })
+    }
+}
+
+/// The reply to a request already queued by [`SftpChannel::send`].
+pub(crate) struct PendingReply {
+    rx: oneshot::Receiver<RemoteResult<Response>>,
+    shared: Arc<Shared>,
+}
+
+impl PendingReply {
+    pub(crate) async fn wait(self) -> RemoteResult<Response> {
+        match self.rx.await {
+            Ok(r) => r,
+            Err(_) => Err(RemoteError::Disconnected(self.shared.reason())),
+        }
+    }
+}
+
+async fn writer_task(
+    write: ChannelWriteHalf<Msg>,
+    mut rx: mpsc::UnboundedReceiver<OutPacket>,
+    shared: Arc<Shared>,
+) {
+    let mut dead = shared.dead_tx.subscribe();
+    loop {
+        let packet = tokio::select! {
+            p = rx.recv() => p,
+            _ = dead.wait_for(|d| *d) => return,
+        };
+        let Some(packet) = packet else {
+            // The SftpChannel was dropped: end the SFTP session politely.
+            let _ = write.eof().await;
+            let _ = write.close().await;
+            return;
+        };
+        let send = async {
+            write.data_bytes(packet.head).await?;
+            if let Some(tail) = packet.tail {
+                write.data_bytes(tail).await?;
+            }
+            Ok::<(), russh::Error>(())
+        };
+        let res = tokio::select! {
+            r = send => r,
+            _ = dead.wait_for(|d| *d) => return,
+        };
+        if let Err(e) = res {
+            shared.kill(format!("sending to the server failed: {e}"));
+            return;
+        }
+    }
+}
+
+async fn reader_task(
+    mut read: ChannelReadHalf,
+    shared: Arc<Shared>,
+    writer: mpsc::WeakUnboundedSender<OutPacket>,
+    mut buf: BytesMut,
+) {
+    let mut exit_status: Option<u32> = None;
+    let reason = 'outer: loop {
+        match read.wait().await {
+            Some(ChannelMsg::Data { data }) => {
+                buf.extend_from_slice(&data);
+                loop {
+                    match codec::split_frame(&mut buf) {
+                        Ok(Some(frame)) => {
+                            if let Err(e) = dispatch(&shared, &writer, frame) {
+                                break 'outer format!("protocol error: {e}");
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => break 'outer format!("protocol error: {e}"),
+                    }
+                }
+            }
+            Some(ChannelMsg::ExtendedData { data, .. }) => {
+                debug!(
+                    channel = shared.index,
+                    "sftp-server stderr: {}",
+                    String::from_utf8_lossy(&data).trim_end()
+                );
+            }
+            Some(ChannelMsg::ExitStatus { exit_status: s }) => exit_status = Some(s),
+            Some(ChannelMsg::Eof) | Some(ChannelMsg::Close) | None => {
+                break match exit_status {
+                    Some(s) => format!("the server's sftp-server exited (status {s})"),
+                    None => "the SSH connection or SFTP channel was closed".into(),
+                };
+            }
+            Some(_) => {}
+        }
+    };
+    shared.kill(reason);
+}
+
+/// Complete the request a reply belongs to. An error means the stream is unusable.
+fn dispatch(
+    shared: &Shared,
+    writer: &mpsc::WeakUnboundedSender<OutPacket>,
+    frame: Bytes,
+) -> Result<(), String> {
+    let (id, result) = match codec::decode_response(frame) {
+        Ok((id, r)) => (id, Ok(r)),
+        Err((Some(id), e)) => (id, Err(RemoteError::Protocol(e.0))),
+        Err((None, e)) => return Err(e.0),
+    };
+    let pending = shared
+        .pending
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+        .and_then(|m| m.remove(&id));
+    let Some(pending) = pending else {
+        debug!(
+            channel = shared.index,
+            id, "reply for a request we did not send; ignored"
+        );
+        return Ok(());
+    };
+    trace!(channel = shared.index, id, "reply");
+    if let Err(Ok(Response::Handle(handle))) = pending.tx.send(result) {
+        // The caller gave up on an OPEN/OPENDIR: do not leak the server's handle.
+        close_orphan(shared, writer, handle);
+    }
+    Ok(())
+}
+
+fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, handle: Bytes) {
+    let Some(writer) = writer.upgrade() else {
+        return;
+    };
+    let mut guard = shared.pending.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(map) = guard.as_mut() else { return };
+    let id = shared.alloc_id(map);
+    let (tx, _rx) = oneshot::channel();
+    map.insert(id, Pending { tx, _permits: None });
+    drop(guard);
+    debug!(
+        channel = shared.index,
+        id, "closing a handle whose opener went away"
+    );
+    let _ = writer.send(codec::encode_request(
+        id,
+        &Request::Close { handle: &handle },
+    ));
+}

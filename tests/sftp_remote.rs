@@ -1,0 +1,863 @@
+//! SftpRemote against a private OpenSSH sshd on 127.0.0.1 (see `common/sshd.rs`).
+//!
+//! Needs root and /usr/sbin/sshd. The throughput measurement is `#[ignore]`d; run it with
+//! `cargo test --release --test sftp_remote -- --ignored --nocapture throughput`.
+
+mod common;
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use awcp_mount::remote::sftp::{
+    CertificateSource, ConnState, ConnectErrorKind, HostKeyPolicy, Identity, ReconnectPolicy,
+    SftpRemote,
+};
+use awcp_mount::remote::{FileKind, OpenFlags, Remote, RemoteError, RenameMode, SetAttrs, Status};
+use bytes::Bytes;
+use common::sshd::TestSshd;
+
+async fn connect(sshd: &TestSshd) -> SftpRemote {
+    SftpRemote::connect(sshd.sftp_config())
+        .await
+        .unwrap_or_else(|e| panic!("connect failed: {e}\nsshd log:\n{}", sshd.log()))
+}
+
+fn rw_create() -> OpenFlags {
+    OpenFlags {
+        read: true,
+        write: true,
+        create: true,
+        ..Default::default()
+    }
+}
+
+fn status(e: RemoteError) -> Status {
+    e.status()
+        .unwrap_or_else(|| panic!("expected a status error, got {e:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let root = sshd.export_dir.clone();
+    let p = |n: &str| root.join(n);
+
+    assert!(r.is_connected());
+    assert_eq!(r.channel_count(), 4);
+    let l = r.limits();
+    assert_eq!((l.max_read, l.max_write), (255 * 1024, 255 * 1024));
+    assert!(l.max_open_handles > 100, "{l:?}");
+
+    // realpath / resolve_dir
+    assert_eq!(r.realpath(&root.join(".")).await.unwrap(), root);
+    assert_eq!(r.resolve_dir(&root).await.unwrap(), root);
+    let e = r.resolve_dir(Path::new("/no/such/dir")).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::NoSuchRemoteDir, "{e}");
+    std::fs::write(p("plain"), b"x").unwrap();
+    let e = r.resolve_dir(&p("plain")).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::NoSuchRemoteDir, "{e}");
+    r.remove(&p("plain")).await.unwrap();
+
+    // mkdir / stat / lstat
+    r.mkdir(&p("d"), 0o750).await.unwrap();
+    let a = r.stat(&p("d")).await.unwrap();
+    assert_eq!(a.file_type(), FileKind::Dir);
+    assert_eq!(a.mode.unwrap() & 0o777, 0o750);
+    assert_eq!(
+        status(r.mkdir(&p("d"), 0o755).await.unwrap_err()),
+        Status::Failure
+    );
+    assert_eq!(
+        status(r.lstat(&p("missing")).await.unwrap_err()),
+        Status::NoSuchFile
+    );
+
+    // open/create, write, read, fstat
+    let h = r.open(&p("d/f"), rw_create(), 0o640).await.unwrap();
+    r.write(&h, 0, Bytes::from_static(b"hello world"))
+        .await
+        .unwrap();
+    r.write(&h, 6, Bytes::from_static(b"there")).await.unwrap();
+    assert_eq!(&r.read(&h, 0, 100).await.unwrap()[..], b"hello there");
+    assert_eq!(&r.read(&h, 6, 3).await.unwrap()[..], b"the");
+    assert!(r.read(&h, 11, 10).await.unwrap().is_empty(), "EOF -> empty");
+    assert!(r.read(&h, 1000, 10).await.unwrap().is_empty());
+    let a = r.fstat(&h).await.unwrap();
+    assert_eq!(a.size, Some(11));
+    assert_eq!(a.mode.unwrap() & 0o777, 0o640);
+    assert_eq!(a.file_type(), FileKind::File);
+    r.fsync(&h).await.unwrap();
+    // fsetstat: truncate and chmod
+    r.fsetstat(
+        &h,
+        SetAttrs {
+            size: Some(5),
+            perm: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let a = r.fstat(&h).await.unwrap();
+    assert_eq!((a.size, a.mode.unwrap() & 0o777), (Some(5), 0o600));
+    r.close(&h).await.unwrap();
+    assert_eq!(std::fs::read(p("d/f")).unwrap(), b"hello");
+
+    // exclusive create over an existing file: FAILURE (OpenSSH's coarse errors)
+    let excl = OpenFlags {
+        write: true,
+        create: true,
+        exclusive: true,
+        ..Default::default()
+    };
+    assert_eq!(
+        status(r.open(&p("d/f"), excl, 0o644).await.unwrap_err()),
+        Status::Failure
+    );
+    assert_eq!(
+        status(
+            r.open(&p("nope"), OpenFlags::read_only(), 0)
+                .await
+                .unwrap_err()
+        ),
+        Status::NoSuchFile
+    );
+    // truncate + append flags
+    let h = r
+        .open(
+            &p("d/f"),
+            OpenFlags {
+                write: true,
+                truncate: true,
+                ..Default::default()
+            },
+            0,
+        )
+        .await
+        .unwrap();
+    r.close(&h).await.unwrap();
+    assert_eq!(std::fs::metadata(p("d/f")).unwrap().len(), 0);
+
+    // setstat: times, size, mode; uid/gid to the same values
+    let md = std::fs::metadata(p("d/f")).unwrap();
+    r.setstat(
+        &p("d/f"),
+        SetAttrs {
+            size: Some(3),
+            uid_gid: Some((md.uid(), md.gid())),
+            perm: Some(0o604),
+            atime_mtime: Some((1_000_000_000, 1_200_000_000)),
+        },
+    )
+    .await
+    .unwrap();
+    let a = r.lstat(&p("d/f")).await.unwrap();
+    assert_eq!(a.size, Some(3));
+    assert_eq!(a.mode.unwrap() & 0o777, 0o604);
+    assert_eq!(
+        (a.atime, a.mtime),
+        (Some(1_000_000_000), Some(1_200_000_000))
+    );
+    assert_eq!((a.uid, a.gid), (Some(md.uid()), Some(md.gid())));
+
+    // symlink direction: symlink(target, link) makes link -> target
+    r.symlink(Path::new("d/f"), &p("link")).await.unwrap();
+    assert_eq!(
+        std::fs::read_link(p("link")).unwrap(),
+        PathBuf::from("d/f"),
+        "link must point at the target"
+    );
+    assert_eq!(r.readlink(&p("link")).await.unwrap(), PathBuf::from("d/f"));
+    assert_eq!(
+        r.lstat(&p("link")).await.unwrap().file_type(),
+        FileKind::Symlink
+    );
+    assert_eq!(
+        r.stat(&p("link")).await.unwrap().file_type(),
+        FileKind::File
+    );
+    // lsetstat changes the link itself (times), not the target
+    r.lsetstat(
+        &p("link"),
+        SetAttrs {
+            atime_mtime: Some((1_100_000_000, 1_100_000_000)),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        r.lstat(&p("link")).await.unwrap().mtime,
+        Some(1_100_000_000)
+    );
+    assert_eq!(r.stat(&p("link")).await.unwrap().mtime, Some(1_200_000_000));
+
+    // hardlink
+    r.hardlink(&p("d/f"), &p("hard")).await.unwrap();
+    assert_eq!(std::fs::metadata(p("hard")).unwrap().nlink(), 2);
+
+    // read_dir: no . and .., attributes and link counts from the long name
+    let mut entries = r.read_dir(&root).await.unwrap();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let names: Vec<_> = entries.iter().map(|e| e.name.clone()).collect();
+    assert_eq!(names, vec!["d", "hard", "link"]);
+    assert_eq!(entries[0].attrs.file_type(), FileKind::Dir);
+    assert_eq!(entries[1].nlink, Some(2));
+    assert_eq!(entries[2].attrs.file_type(), FileKind::Symlink);
+    assert_eq!(entries[0].nlink, Some(2));
+    // A big directory needs several READDIRs (OpenSSH sends 100 names per reply).
+    r.mkdir(&p("big"), 0o755).await.unwrap();
+    for i in 0..250 {
+        std::fs::write(p(&format!("big/f{i:03}")), b"").unwrap();
+    }
+    assert_eq!(r.read_dir(&p("big")).await.unwrap().len(), 250);
+    assert_eq!(
+        status(r.read_dir(&p("nope")).await.unwrap_err()),
+        Status::NoSuchFile
+    );
+
+    // rename: NoReplace fails over an existing target, Replace replaces
+    std::fs::write(p("a"), b"A").unwrap();
+    std::fs::write(p("b"), b"B").unwrap();
+    assert_eq!(
+        status(
+            r.rename(&p("a"), &p("b"), RenameMode::NoReplace)
+                .await
+                .unwrap_err()
+        ),
+        Status::Failure
+    );
+    assert_eq!(std::fs::read(p("b")).unwrap(), b"B");
+    r.rename(&p("a"), &p("b"), RenameMode::Replace)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(p("b")).unwrap(), b"A");
+    assert!(!p("a").exists());
+    r.rename(&p("b"), &p("c"), RenameMode::NoReplace)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(p("c")).unwrap(), b"A");
+
+    // statvfs
+    let s = r.statvfs(&root).await.unwrap();
+    assert!(s.bsize > 0 && s.blocks > 0 && s.namemax >= 255, "{s:?}");
+
+    // remove / rmdir
+    assert_eq!(status(r.rmdir(&p("d")).await.unwrap_err()), Status::Failure);
+    r.remove(&p("d/f")).await.unwrap();
+    r.rmdir(&p("d")).await.unwrap();
+    assert!(!p("d").exists());
+    assert_eq!(
+        status(r.remove(&p("d")).await.unwrap_err()),
+        Status::NoSuchFile
+    );
+
+    // Server messages are carried along.
+    match r.lstat(&p("missing")).await.unwrap_err() {
+        RemoteError::Status(Status::NoSuchFile, msg) => assert!(!msg.is_empty()),
+        e => panic!("{e:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_utf8_names_round_trip() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let name = OsString::from_vec(vec![b'c', b'a', b'f', 0xe9, 0xff, b'.', b't']);
+    let path = sshd.export_dir.join(&name);
+    let h = r.open(&path, rw_create(), 0o644).await.unwrap();
+    r.write(&h, 0, Bytes::from_static(b"latin1")).await.unwrap();
+    r.close(&h).await.unwrap();
+    // The exact bytes exist on the server's disk.
+    let on_disk: Vec<OsString> = std::fs::read_dir(&sshd.export_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(on_disk, vec![name.clone()]);
+    // And come back unchanged from READDIR, usable for a reopen.
+    let entries = r.read_dir(&sshd.export_dir).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].name.as_bytes(), name.as_bytes());
+    let h = r
+        .open(
+            &sshd.export_dir.join(&entries[0].name),
+            OpenFlags::read_only(),
+            0,
+        )
+        .await
+        .unwrap();
+    assert_eq!(&r.read(&h, 0, 64).await.unwrap()[..], b"latin1");
+    r.close(&h).await.unwrap();
+    // Symlink target with invalid UTF-8 too.
+    let link = sshd.export_dir.join("l");
+    r.symlink(Path::new(&name), &link).await.unwrap();
+    assert_eq!(
+        r.readlink(&link).await.unwrap().as_os_str(),
+        name.as_os_str()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hundreds_of_open_handles() {
+    const N: usize = 320;
+    let sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    // All on one channel, so the server's handle numbers go past 255.
+    cfg.max_conns = 1;
+    let r = SftpRemote::connect(cfg).await.unwrap();
+    let mut handles = Vec::new();
+    for i in 0..N {
+        let path = sshd.export_dir.join(format!("f{i}"));
+        std::fs::write(&path, format!("content of file {i}")).unwrap();
+        handles.push(r.open(&path, OpenFlags::read_only(), 0).await.unwrap());
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, h) in handles.iter().cloned().enumerate() {
+        let r = r.clone();
+        tasks.spawn(async move {
+            let data = r.read(&h, 0, 100).await.unwrap();
+            assert_eq!(data, format!("content of file {i}").as_bytes(), "file {i}");
+            assert_eq!(r.fstat(&h).await.unwrap().size, Some(data.len() as u64));
+        });
+    }
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    for h in &handles {
+        r.close(h).await.unwrap();
+    }
+    // Handles are distinct raw byte strings.
+    let mut raws: Vec<&[u8]> = handles.iter().map(|h| h.raw()).collect();
+    raws.sort();
+    raws.dedup();
+    assert_eq!(raws.len(), N);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_reads_and_writes_pipelined() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let max = r.limits().max_write as usize;
+    let data: Vec<u8> = (0..(8 * max + 123))
+        .map(|i| (i * 7 + i / 251) as u8)
+        .collect();
+    let data = Bytes::from(data);
+    let path = sshd.export_dir.join("big");
+    let h = r.open(&path, rw_create(), 0o644).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for (k, off) in (0..data.len()).step_by(max).enumerate() {
+        let (r, h) = (r.clone(), h.clone());
+        let chunk = data.slice(off..(off + max).min(data.len()));
+        tasks.spawn(async move {
+            r.write(&h, off as u64, chunk).await.unwrap();
+            k
+        });
+    }
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), &data[..]);
+    let mut tasks = tokio::task::JoinSet::new();
+    for off in (0..data.len()).step_by(max) {
+        let (r, h) = (r.clone(), h.clone());
+        tasks.spawn(async move { (off, r.read(&h, off as u64, max as u32).await.unwrap()) });
+    }
+    let mut back = vec![0u8; data.len()];
+    while let Some(t) = tasks.join_next().await {
+        let (off, d) = t.unwrap();
+        back[off..off + d.len()].copy_from_slice(&d);
+    }
+    assert_eq!(back, &data[..]);
+    r.close(&h).await.unwrap();
+    // Many small concurrent path operations across channels.
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..500 {
+        let r = r.clone();
+        let p = path.clone();
+        tasks.spawn(async move { r.stat(&p).await.unwrap().size });
+    }
+    while let Some(t) = tasks.join_next().await {
+        assert_eq!(t.unwrap(), Some(data.len() as u64));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_writes_keep_their_order() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let path = sshd.export_dir.join("w");
+    let h = r.open(&path, rw_create(), 0o644).await.unwrap();
+    // Overlapping writes queued back to back: the last one queued must win.
+    let mut acks = Vec::new();
+    for i in 0..200u32 {
+        let data = Bytes::from(format!("{i:04}"));
+        acks.push(r.write_queued(&h, 0, data).await.unwrap());
+    }
+    for a in acks {
+        a.await.unwrap();
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), b"0199");
+    // A write bigger than max_write is split and still lands whole.
+    let big = Bytes::from(vec![b'x'; r.limits().max_write as usize * 2 + 10]);
+    r.write_queued(&h, 0, big.clone())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read(&path).unwrap(), &big[..]);
+    // Errors come back through the ack: writing to a read-only handle.
+    let ro = r.open(&path, OpenFlags::read_only(), 0).await.unwrap();
+    let ack = r
+        .write_queued(&ro, 0, Bytes::from_static(b"no"))
+        .await
+        .unwrap();
+    assert!(ack.await.unwrap_err().status().is_some());
+    r.close(&ro).await.unwrap();
+    r.close(&h).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abandoned_opens_do_not_leak_server_handles() {
+    let sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.max_conns = 1;
+    let r = SftpRemote::connect(cfg).await.unwrap();
+    for i in 0..100 {
+        std::fs::write(sshd.export_dir.join(format!("f{i}")), b"x").unwrap();
+    }
+    r.lstat(&sshd.export_dir).await.unwrap();
+    let baseline = sshd.sftp_server_fds();
+    let mut cancelled = 0;
+    for i in 0..100 {
+        let path = sshd.export_dir.join(format!("f{i}"));
+        let open = r.open(&path, OpenFlags::read_only(), 0);
+        // Poll the open once or twice (enough to send it), then drop it.
+        tokio::select! {
+            biased;
+            h = open => r.close(&h.unwrap()).await.unwrap(),
+            _ = tokio::task::yield_now() => cancelled += 1,
+        }
+    }
+    assert!(cancelled > 50, "only {cancelled} opens were abandoned");
+    // Let the late HANDLE replies arrive and their CLOSEs go out.
+    for _ in 0..50 {
+        r.lstat(&sshd.export_dir).await.unwrap();
+        if sshd.sftp_server_fds() == baseline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sshd.sftp_server_fds(), baseline, "server handles leaked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_remote_closes_the_connection() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let r2 = r.clone();
+    r.lstat(&sshd.export_dir).await.unwrap();
+    assert!(sshd.sftp_server_fds() > 0);
+    drop(r);
+    r2.lstat(&sshd.export_dir).await.unwrap(); // clones share the connection
+    drop(r2);
+    let t0 = Instant::now();
+    while sshd.sftp_server_fds() > 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "connection still open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // An explicit disconnect also ends it, and operations then fail.
+    let r = connect(&sshd).await;
+    r.disconnect().await;
+    assert!(!r.is_connected());
+    assert!(matches!(
+        r.lstat(&sshd.export_dir).await,
+        Err(RemoteError::Disconnected(_))
+    ));
+    assert_eq!(*r.state().borrow(), ConnState::Closed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_key_is_an_auth_error() {
+    let sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.identity = Identity::KeyFile(sshd.wrong_key_path.clone());
+    let e = SftpRemote::connect(cfg).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Auth, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains(&sshd.user), "{msg}");
+    assert!(
+        msg.contains(&sshd.wrong_key_path.display().to_string()),
+        "{msg}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn key_problems_are_key_errors() {
+    let sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.identity = Identity::KeyFile(sshd.dir.path().join("does-not-exist"));
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Key, "{e}");
+    // A public key where the private key belongs.
+    cfg.identity = Identity::KeyFile(sshd.key_path.with_extension("pub"));
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Key, "{e}");
+    assert!(e.to_string().contains("public key"), "{e}");
+    cfg.identity = Identity::KeyInMemory("garbage".into());
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Key, "{e}");
+    // The in-memory form of the right key works.
+    cfg.identity = Identity::KeyInMemory(std::fs::read_to_string(&sshd.key_path).unwrap());
+    let r = SftpRemote::connect(cfg).await.unwrap();
+    r.lstat(&sshd.export_dir).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_host_key_is_refused() {
+    let sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    let kh = sshd.dir.path().join("empty_known_hosts");
+    std::fs::write(&kh, "# nothing\n").unwrap();
+    cfg.host_key_policy = HostKeyPolicy::KnownHostsFile(kh.clone());
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::HostKeyUnknown, "{e}");
+    let msg = e.to_string();
+    assert!(msg.contains("StrictHostKeyChecking=no"), "{msg}");
+    assert!(msg.contains(&kh.display().to_string()), "{msg}");
+    // The message offers the exact line to add.
+    let key_b64 = sshd.host_pubkey.split_whitespace().nth(1).unwrap();
+    assert!(msg.contains(key_b64), "{msg}");
+    // A missing file is an unknown host too.
+    cfg.host_key_policy = HostKeyPolicy::KnownHostsFile(sshd.dir.path().join("nope"));
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::HostKeyUnknown, "{e}");
+    // StrictHostKeyChecking=no
+    cfg.host_key_policy = HostKeyPolicy::AcceptAny;
+    SftpRemote::connect(cfg).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changed_host_key_is_refused() {
+    let sshd = TestSshd::start();
+    let other = sshd.dir.path().join("other_host");
+    let out = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let other_pub = std::fs::read_to_string(other.with_extension("pub")).unwrap();
+    let kh = sshd.dir.path().join("changed_known_hosts");
+    std::fs::write(
+        &kh,
+        format!(
+            "# header\nexample.org {}\n[127.0.0.1]:{} {}",
+            other_pub.trim(),
+            sshd.port,
+            other_pub.trim()
+        ),
+    )
+    .unwrap();
+    let mut cfg = sshd.sftp_config();
+    cfg.host_key_policy = HostKeyPolicy::KnownHostsFile(kh);
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::HostKeyChanged, "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(&format!(
+            "host key for [127.0.0.1]:{} changed (known_hosts line 3",
+            sshd.port
+        )),
+        "{msg}"
+    );
+    assert!(msg.contains("ssh-keygen -R"), "{msg}");
+
+    // Pinned keys: the right one (with a different comment) works, a wrong one does not.
+    let mut right = russh::keys::PublicKey::from_openssh(&sshd.host_pubkey).unwrap();
+    right.set_comment("some other comment");
+    cfg.host_key_policy = HostKeyPolicy::Pinned(vec![right]);
+    SftpRemote::connect(cfg.clone()).await.unwrap();
+    let wrong = russh::keys::PublicKey::from_openssh(other_pub.trim()).unwrap();
+    cfg.host_key_policy = HostKeyPolicy::Pinned(vec![wrong]);
+    let e = SftpRemote::connect(cfg).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::HostKeyChanged, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_certificate() {
+    let sshd = TestSshd::start();
+    // The key alone is not authorized here: only the certificate can let us in.
+    std::fs::write(sshd.dir.path().join("authorized_keys"), "").unwrap();
+    let mut cfg = sshd.sftp_config();
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Auth, "{e}");
+
+    let cert = sshd.sign_user_cert(&sshd.user, "+1h");
+    cfg.certificate = Some(CertificateSource::File(cert.clone()));
+    let r = SftpRemote::connect(cfg.clone()).await.unwrap();
+    r.lstat(&sshd.export_dir).await.unwrap();
+
+    cfg.certificate = Some(CertificateSource::InMemory(
+        std::fs::read_to_string(&cert).unwrap(),
+    ));
+    SftpRemote::connect(cfg.clone()).await.unwrap();
+
+    // A certificate for another principal is refused as an authentication failure.
+    let cert = sshd.sign_user_cert("somebody-else", "+1h");
+    cfg.certificate = Some(CertificateSource::File(cert));
+    let e = SftpRemote::connect(cfg.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Auth, "{e}");
+    assert!(e.to_string().contains("certificate"), "{e}");
+
+    // A certificate for a different key is a key error, caught before connecting.
+    cfg.identity = Identity::KeyFile(sshd.wrong_key_path.clone());
+    let e = SftpRemote::connect(cfg).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Key, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sftp_refused_is_an_sftp_error() {
+    let sshd = TestSshd::start_with_config("ForceCommand /bin/false\n");
+    let e = SftpRemote::connect(sshd.sftp_config()).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Sftp, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_errors() {
+    // Nothing listens on this port (bound and released).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.port = port;
+    let e = SftpRemote::connect(cfg).await.unwrap_err();
+    assert_eq!(e.kind(), ConnectErrorKind::Network, "{e}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_connection_without_reconnect() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let mut state = r.state();
+    let h = r
+        .open(&sshd.export_dir.join("f"), rw_create(), 0o644)
+        .await
+        .unwrap();
+    assert!(sshd.kill_connections() > 0);
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        state.wait_for(|s| {
+            matches!(
+                s,
+                ConnState::Disconnected {
+                    retrying: false,
+                    ..
+                }
+            )
+        }),
+    )
+    .await
+    .expect("state must become Disconnected")
+    .unwrap();
+    assert!(!r.is_connected());
+    assert!(matches!(
+        r.lstat(&sshd.export_dir).await,
+        Err(RemoteError::Disconnected(_))
+    ));
+    assert!(matches!(
+        r.read(&h, 0, 10).await,
+        Err(RemoteError::Disconnected(_))
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_after_connection_loss() {
+    let mut sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.reconnect = ReconnectPolicy {
+        enabled: true,
+        give_up_after: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let r = SftpRemote::connect(cfg).await.unwrap();
+    let file = sshd.export_dir.join("f");
+    std::fs::write(&file, b"data").unwrap();
+    let h = r.open(&file, OpenFlags::read_only(), 0).await.unwrap();
+    assert_eq!(h.generation(), 1);
+
+    // 1. The connection dies; the next path operation waits for the reconnect.
+    assert!(sshd.kill_connections() > 0);
+    let a = r.lstat(&file).await.unwrap();
+    assert_eq!(a.size, Some(4));
+    assert!(r.generation() > 1);
+    assert!(r.is_connected());
+    assert_eq!(
+        r.read(&h, 0, 10).await.unwrap_err(),
+        RemoteError::StaleHandle
+    );
+    assert_eq!(r.fstat(&h).await.unwrap_err(), RemoteError::StaleHandle);
+    r.close(&h).await.unwrap(); // the server dropped it with the old connection
+    let h2 = r.open(&file, OpenFlags::read_only(), 0).await.unwrap();
+    assert_eq!(h2.generation(), r.generation());
+    assert_eq!(&r.read(&h2, 0, 10).await.unwrap()[..], b"data");
+
+    // 2. The server is down for a while: operations issued meanwhile wait, then succeed.
+    sshd.stop();
+    let r2 = r.clone();
+    let f2 = file.clone();
+    let waiting = tokio::spawn(async move { r2.stat(&f2).await });
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the operation must wait for the reconnect"
+    );
+    assert!(!r.is_connected());
+    assert!(matches!(
+        *r.state().borrow(),
+        ConnState::Reconnecting { .. }
+    ));
+    assert_eq!(
+        r.read(&h2, 0, 10).await.unwrap_err(),
+        RemoteError::StaleHandle
+    );
+    sshd.restart();
+    let a = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("reconnect in time")
+        .unwrap()
+        .unwrap();
+    assert_eq!(a.size, Some(4));
+    assert!(matches!(*r.state().borrow(), ConnState::Connected { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_gives_up_then_recovers() {
+    let mut sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.reconnect = ReconnectPolicy {
+        enabled: true,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(400),
+        give_up_after: Duration::from_secs(2),
+    };
+    let r = SftpRemote::connect(cfg).await.unwrap();
+    sshd.stop();
+    let t0 = Instant::now();
+    let e = r.lstat(&sshd.export_dir).await.unwrap_err();
+    assert!(matches!(e, RemoteError::Disconnected(_)), "{e:?}");
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    assert!(matches!(
+        *r.state().borrow(),
+        ConnState::Disconnected { retrying: true, .. }
+    ));
+    // Fails fast now.
+    let t0 = Instant::now();
+    assert!(r.lstat(&sshd.export_dir).await.is_err());
+    assert!(t0.elapsed() < Duration::from_millis(500));
+    // Background attempts continue and succeed once the server is back.
+    sshd.restart();
+    let mut st = r.state();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        st.wait_for(|s| matches!(s, ConnState::Connected { .. })),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    r.lstat(&sshd.export_dir).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permissions_preserved_on_create() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let f = sshd.export_dir.join("m");
+    let h = r.open(&f, rw_create(), 0o751).await.unwrap();
+    r.close(&h).await.unwrap();
+    // The server applies its umask (022 by default).
+    let mode = std::fs::metadata(&f).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode & !0o022, 0o751 & !0o022);
+}
+
+/// Transport ceiling: sequential read of a 256 MiB file with 16 reads of 255 KiB in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn throughput() {
+    const SIZE: usize = 256 * 1024 * 1024;
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let path = sshd.export_dir.join("big");
+    {
+        let chunk: Vec<u8> = (0..1024 * 1024).map(|i| (i % 253) as u8).collect();
+        let mut f = std::fs::File::create(&path).unwrap();
+        for _ in 0..SIZE / chunk.len() {
+            std::io::Write::write_all(&mut f, &chunk).unwrap();
+        }
+    }
+    // Warm the page cache.
+    let _ = std::fs::read(&path).unwrap();
+    for depth in [1usize, 4, 16, 32] {
+        let len = r.limits().max_read;
+        let h = r.open(&path, OpenFlags::read_only(), 0).await.unwrap();
+        let t0 = Instant::now();
+        let mut inflight = std::collections::VecDeque::new();
+        let mut next = 0u64;
+        let mut total = 0usize;
+        loop {
+            while inflight.len() < depth && next < SIZE as u64 {
+                let (r, h) = (r.clone(), h.clone());
+                let off = next;
+                inflight.push_back(tokio::spawn(async move { r.read(&h, off, len).await }));
+                next += u64::from(len);
+            }
+            let Some(t) = inflight.pop_front() else { break };
+            total += t.await.unwrap().unwrap().len();
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        assert_eq!(total, SIZE);
+        println!(
+            "sequential read 256 MiB, {depth:2} x {} KiB in flight: {:.2} s, {:.0} MiB/s",
+            len / 1024,
+            secs,
+            256.0 / secs
+        );
+        r.close(&h).await.unwrap();
+    }
+    // Same write side, 16 in flight.
+    let wpath = sshd.export_dir.join("out");
+    let h = r.open(&wpath, rw_create(), 0o644).await.unwrap();
+    let len = r.limits().max_write as usize;
+    let buf = Bytes::from(vec![7u8; len]);
+    let t0 = Instant::now();
+    let mut inflight = std::collections::VecDeque::new();
+    let mut off = 0usize;
+    loop {
+        while inflight.len() < 16 && off < SIZE {
+            let (r, h) = (r.clone(), h.clone());
+            let data = buf.slice(..len.min(SIZE - off));
+            let o = off as u64;
+            inflight.push_back(tokio::spawn(async move { r.write(&h, o, data).await }));
+            off += len;
+        }
+        let Some(t) = inflight.pop_front() else { break };
+        t.await.unwrap().unwrap();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    r.close(&h).await.unwrap();
+    println!(
+        "sequential write 256 MiB, 16 x {} KiB in flight: {:.2} s, {:.0} MiB/s",
+        len / 1024,
+        secs,
+        256.0 / secs
+    );
+}
