@@ -1118,3 +1118,6 @@ impl<R: Remote> Fs<R> {
 
 /// The inode number of the mount's root, for the adapter.
 pub const ROOT: Ino = ROOT_INO;
+
+#[cfg(test)]
+mod tests;

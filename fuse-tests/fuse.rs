@@ -1,0 +1,1 @@
+//! FUSE integration tests (being written).

@@ -1,0 +1,1 @@
+//! Unit tests of the core against the local-directory remote (being written).
