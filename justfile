@@ -41,7 +41,7 @@ bench:
     scripts/ensure-deps.sh --fuse
     scripts/bench.sh
 
-# Unmount every leftover awcp mount (fstype fuse.awcp) and nothing else
-clean-mounts:
+# Unmount leftover awcp mounts (fstype fuse.awcp, nothing else; machine-wide unless DIR)
+clean-mounts *dir:
     scripts/ensure-deps.sh
-    scripts/clean-mounts.sh
+    scripts/clean-mounts.sh "$@"

@@ -35,13 +35,13 @@ sshd_pid=""
 mnt=""
 
 cleanup() {
-    local rc=$? i
+    local rc=$? i leftover=0
     set +e
     trap - EXIT INT TERM HUP
 
     if [[ -n $mnt ]] && is_mounted "$mnt"; then
         header "Cleaning up: unmounting $mnt"
-        "$bin" umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt" || fusermount3 -uz "$mnt"
+        timeout 30 "$bin" umount "$mnt" 2>/dev/null || fusermount3 -u "$mnt" || fusermount3 -uz "$mnt"
         for ((i = 0; i < 50; i++)); do
             is_mounted "$mnt" || break
             sleep 0.1
@@ -50,8 +50,12 @@ cleanup() {
     if [[ -n $mnt && -d $mnt ]]; then
         if is_mounted "$mnt"; then
             warn "$mnt is still mounted; leaving it. Unmount it with: fusermount3 -u $mnt"
+            leftover=1
         else
-            rmdir -- "$mnt" || warn "could not remove mount point $mnt"
+            rmdir -- "$mnt" || {
+                warn "could not remove mount point $mnt"
+                leftover=1
+            }
         fi
     fi
 
@@ -63,13 +67,20 @@ cleanup() {
     if [[ -n $tmp && -d $tmp ]]; then
         if has_mount_at_or_below "$tmp"; then
             warn "something is mounted under $tmp; leaving it in place"
+            leftover=1
         else
             rm -rf -- "$tmp"
         fi
     fi
 
     if ((rc != 0)); then
-        printf '\nerror: the demo failed (exit status %d); everything it started has been cleaned up.\n' "$rc" >&2
+        if ((leftover)); then
+            printf '\nerror: the demo failed (exit status %d); see the warnings above for what is left.\n' "$rc" >&2
+        else
+            printf '\nerror: the demo failed (exit status %d); everything it started has been cleaned up.\n' "$rc" >&2
+        fi
+    elif ((leftover)); then
+        rc=1
     fi
     exit "$rc"
 }
@@ -208,9 +219,10 @@ chmod 0700 "$mnt"
 echo "    mount point: $mnt"
 
 header "Mounting $user@127.0.0.1:$export_dir on $mnt"
-run "$bin" "$user@127.0.0.1:$export_dir" "$mnt" -p "$port" \
+# It daemonizes like sshfs: it exits 0 once the mount is live.
+run_limited 120 "$bin" "$user@127.0.0.1:$export_dir" "$mnt" -p "$port" \
     -o "IdentityFile=$key,UserKnownHostsFile=$known_hosts" ||
-    die "awcp-mount failed to mount (exit status $?)"
+    die "awcp-mount failed to mount (exit status $?; 124 means it timed out)"
 is_mounted "$mnt" || die "awcp-mount exited 0 but $mnt is not in /proc/self/mountinfo"
 
 header "Listing the mount"
@@ -246,7 +258,7 @@ if ((have_git)); then
 fi
 
 header "Unmounting"
-if ! run "$bin" umount "$mnt"; then
+if ! run_limited 60 "$bin" umount "$mnt"; then
     warn "awcp-mount umount failed; falling back to fusermount3 -u"
     run fusermount3 -u "$mnt"
 fi

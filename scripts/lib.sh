@@ -6,6 +6,20 @@ header() { printf '\n==> %s\n' "$*"; }
 
 # Print a command (quoted only where the shell needs it), then run it.
 run() {
+    show "$@"
+    "$@"
+}
+
+# Like run, but give up after SECONDS (exit status 124), so that a hung
+# command cannot hang the script.
+run_limited() {
+    local secs=$1
+    shift
+    show "$@"
+    timeout --foreground "$secs" "$@"
+}
+
+show() {
     local arg
     printf '$'
     for arg in "$@"; do
@@ -16,7 +30,6 @@ run() {
         fi
     done
     printf '\n'
-    "$@"
 }
 
 warn() { printf 'warning: %s\n' "$*" >&2; }

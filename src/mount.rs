@@ -343,7 +343,61 @@ fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountE
         (s, Unmounter::Fuser(u))
     };
     tracing::info!(remote = %root.display(), mountpoint = %mountpoint.display(), "mounted");
-    serve(session, unmounter, fs, &rt, mountpoint, readiness)
+    let lost = watch_connection(&remote, &rt, mountpoint.clone());
+    serve(session, unmounter, fs, &rt, mountpoint, readiness)?;
+    if lost.load(std::sync::atomic::Ordering::Acquire) {
+        return Err(fail(
+            MountErrorKind::Network,
+            "the connection to the server was lost for good; the mount was taken down (use -o reconnect to survive drops)",
+        ));
+    }
+    Ok(())
+}
+
+/// Without `reconnect`, a lost connection ends the mount, as with sshfs: a mount whose every
+/// operation fails would only confuse the tools using it. (With `reconnect`, the SFTP layer
+/// keeps trying and operations fail with EIO meanwhile.)
+fn watch_connection(
+    remote: &SftpRemote,
+    rt: &tokio::runtime::Runtime,
+    mountpoint: PathBuf,
+) -> Arc<std::sync::atomic::AtomicBool> {
+    use crate::remote::sftp::ConnState;
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = lost.clone();
+    let mut state = remote.state();
+    rt.spawn(async move {
+        loop {
+            if state.changed().await.is_err() {
+                return;
+            }
+            let final_loss = match &*state.borrow() {
+                ConnState::Disconnected { retrying: false, reason } => {
+                    tracing::error!("connection lost: {reason}; unmounting {}", mountpoint.display());
+                    true
+                }
+                ConnState::Disconnected { retrying: true, reason } => {
+                    tracing::warn!("connection lost: {reason}; still trying to reconnect");
+                    false
+                }
+                ConnState::Reconnecting { attempt, reason } => {
+                    tracing::info!(attempt, "reconnecting: {reason}");
+                    false
+                }
+                _ => false,
+            };
+            if final_loss {
+                flag.store(true, std::sync::atomic::Ordering::Release);
+                let mp = mountpoint.clone();
+                let _ = tokio::task::spawn_blocking(move || {
+                    nix::mount::umount2(&mp, nix::mount::MntFlags::MNT_DETACH)
+                })
+                .await;
+                return;
+            }
+        }
+    });
+    lost
 }
 
 /// How to take our mount down when asked to by a signal.
@@ -424,6 +478,12 @@ fn serve<R: Remote>(
             }
         })
         .await;
+        // The session normally ends as soon as the kernel lets go. A process still holding
+        // a file open in a lazily detached mount keeps it alive; we were asked to stop, so
+        // stop (everything written has been flushed above).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        tracing::warn!("FUSE session still open 5 s after unmount; exiting anyway");
+        std::process::exit(0);
     });
     readiness.ready();
     let result = session.run();

@@ -10,12 +10,13 @@
 //!   `fsync`: an acknowledged write is on the server or its loss is reported, never silent.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
 use tokio::sync::{mpsc, oneshot, RwLock, Semaphore};
 
 use super::inode::Ino;
+use super::Fs;
 use crate::remote::{OpenFlags, Remote, RemoteError};
 
 /// Bytes of writes in flight per open file before the writer waits for answers.
@@ -97,14 +98,14 @@ impl<R: Remote> OpenFile<R> {
     /// the file is being released.
     pub(crate) fn submit(
         self: &Arc<Self>,
-        remote: &Arc<R>,
-        rt: &tokio::runtime::Handle,
+        fs: &Arc<Fs<R>>,
         job: WriteJob,
     ) -> bool {
         let mut writer = self.writer.lock().unwrap();
         if writer.is_none() {
             let (tx, rx) = mpsc::unbounded_channel();
-            rt.spawn(writer_loop(self.clone(), remote.clone(), rx));
+            fs.runtime()
+                .spawn(writer_loop(self.clone(), Arc::downgrade(fs), rx));
             *writer = Some(tx);
         }
         let is_data = matches!(job, WriteJob::Data { .. });
@@ -119,11 +120,11 @@ impl<R: Remote> OpenFile<R> {
     }
 
     /// Wait for every queued write to be answered; report the first failure.
-    pub async fn drain(self: &Arc<Self>, remote: &Arc<R>, rt: &tokio::runtime::Handle) -> Result<(), RemoteError> {
+    pub async fn drain(self: &Arc<Self>, fs: &Arc<Fs<R>>) -> Result<(), RemoteError> {
         let has_writer = self.writer.lock().unwrap().is_some();
         if has_writer {
             let (done, rx) = oneshot::channel();
-            if self.submit(remote, rt, WriteJob::Barrier { done }) {
+            if self.submit(fs, WriteJob::Barrier { done }) {
                 if let Ok(result) = rx.await {
                     return result;
                 }
@@ -143,9 +144,12 @@ impl<R: Remote> OpenFile<R> {
 
 async fn writer_loop<R: Remote>(
     file: Arc<OpenFile<R>>,
-    remote: Arc<R>,
+    fs: Weak<Fs<R>>,
     mut rx: mpsc::UnboundedReceiver<WriteJob>,
 ) {
+    let Some(remote) = fs.upgrade().map(|fs| fs.remote().clone()) else {
+        return;
+    };
     let max_write = remote.limits().max_write.max(4096) as usize;
     while let Some(job) = rx.recv().await {
         match job {
@@ -166,7 +170,21 @@ async fn writer_loop<R: Remote>(
                         Err(_) => break,
                     };
                     let handle = file.handle().await;
-                    match remote.write_queued(&handle, at, chunk).await {
+                    let mut queued = remote.write_queued(&handle, at, chunk.clone()).await;
+                    if matches!(queued, Err(RemoteError::StaleHandle)) {
+                        // Opened before a reconnect and nothing of it in flight: reopen by
+                        // path and go on. (Writes that were in flight when the connection
+                        // dropped have failed and are reported; they are never replayed,
+                        // since a later write may have overwritten the same bytes.)
+                        queued = match fs.upgrade() {
+                            Some(fs) => match fs.reopen(&file).await {
+                                Ok(h) => remote.write_queued(&h, at, chunk).await,
+                                Err(_) => Err(RemoteError::StaleHandle),
+                            },
+                            None => Err(RemoteError::StaleHandle),
+                        };
+                    }
+                    match queued {
                         Ok(ack) => {
                             let file = file.clone();
                             tokio::spawn(async move {

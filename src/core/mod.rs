@@ -455,7 +455,7 @@ impl<R: Remote> Fs<R> {
         }
     }
 
-    pub async fn getattr(&self, ino: Ino, fh: Option<u64>) -> FsResult<(Attr, Duration)> {
+    pub async fn getattr(self: &Arc<Self>, ino: Ino, fh: Option<u64>) -> FsResult<(Attr, Duration)> {
         let ttl = self.cache_config().attr_ttl;
         let mut file = fh.and_then(|fh| self.files.lock().unwrap().get(&fh).cloned());
         if file.is_none() && self.path_of(ino).is_err() {
@@ -467,7 +467,7 @@ impl<R: Remote> Fs<R> {
             // An open file is asked through its handle: that works after unlink, too. Writes
             // still in flight are waited for, so the size shown includes them.
             if file.writes_pending() {
-                let _ = file.drain(&self.remote, &self.rt).await.map_err(|e| file.latch(e));
+                let _ = file.drain(self).await.map_err(|e| file.latch(e));
             }
             let handle = file.handle().await;
             return match self.remote.fstat(&handle).await {
@@ -505,9 +505,9 @@ impl<R: Remote> Fs<R> {
     }
 
     /// Wait for writes in flight on any handle of `ino` (errors stay latched for flush).
-    async fn drain_inode(&self, ino: Ino) {
+    async fn drain_inode(self: &Arc<Self>, ino: Ino) {
         for f in self.writers_of(ino) {
-            if let Err(e) = f.drain(&self.remote, &self.rt).await {
+            if let Err(e) = f.drain(self).await {
                 f.latch(e);
             }
         }
@@ -525,7 +525,7 @@ impl<R: Remote> Fs<R> {
         attrs
     }
 
-    pub async fn setattr(&self, ino: Ino, fh: Option<u64>, req: SetattrRequest) -> FsResult<Attr> {
+    pub async fn setattr(self: &Arc<Self>, ino: Ino, fh: Option<u64>, req: SetattrRequest) -> FsResult<Attr> {
         self.check_writable("setattr")?;
         let path = self.path_of(ino);
         let file = fh
@@ -822,7 +822,7 @@ impl<R: Remote> Fs<R> {
     }
 
     /// Reopen a file whose handle belongs to a lost connection.
-    async fn reopen(&self, file: &Arc<OpenFile<R>>) -> FsResult<R::Handle> {
+    pub(crate) async fn reopen(&self, file: &Arc<OpenFile<R>>) -> FsResult<R::Handle> {
         let path = self.path_of(file.ino).map_err(|e| {
             FsError::new(libc::EIO, format!("cannot reopen after reconnect: {}", e.context))
         })?;
@@ -836,11 +836,11 @@ impl<R: Remote> Fs<R> {
         }
     }
 
-    pub async fn read(&self, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let file = self.file(fh)?;
         if file.writes_pending() {
             // Read-your-writes on the same handle.
-            if let Err(e) = file.drain(&self.remote, &self.rt).await {
+            if let Err(e) = file.drain(self).await {
                 file.latch(e);
             }
         }
@@ -911,7 +911,7 @@ impl<R: Remote> Fs<R> {
                 data: Bytes::copy_from_slice(data),
                 done,
             };
-            if !file.submit(&self.remote, &self.rt, job) {
+            if !file.submit(self, job) {
                 return Err(FsError::new(libc::EBADF, "file is being closed"));
             }
             self.cache.lock().unwrap().forget_attrs(file.ino);
@@ -936,7 +936,7 @@ impl<R: Remote> Fs<R> {
     /// Every close(2): report a failed write of this file.
     pub async fn flush(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         let file = self.file(fh)?;
-        if let Err(e) = file.drain(&self.remote, &self.rt).await {
+        if let Err(e) = file.drain(self).await {
             let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
             return Err(self.explain(Op::Write, e, &path, None).await);
         }
@@ -960,7 +960,7 @@ impl<R: Remote> Fs<R> {
     /// kernel ignores them); they were reported by flush.
     pub async fn release(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         let file = self.file(fh)?;
-        let drained = file.drain(&self.remote, &self.rt).await;
+        let drained = file.drain(self).await;
         file.stop_writer();
         self.files.lock().unwrap().remove(&fh);
         self.cache.lock().unwrap().forget_attrs(file.ino);
@@ -974,7 +974,7 @@ impl<R: Remote> Fs<R> {
         let files: Vec<_> = self.files.lock().unwrap().values().cloned().collect();
         let mut first = Ok(());
         for f in files {
-            if let Err(e) = f.drain(&self.remote, &self.rt).await {
+            if let Err(e) = f.drain(self).await {
                 f.latch(e.clone());
                 if first.is_ok() {
                     first = Err(remote_err(Op::Write, &e, "flush"));
