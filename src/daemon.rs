@@ -45,7 +45,11 @@ impl Readiness {
 }
 
 fn detach_stdio() {
-    if let Ok(null) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null") {
+    if let Ok(null) = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+    {
         for fd in 0..=2 {
             // SAFETY: dup2 onto the standard descriptors, which this process owns.
             unsafe {

@@ -16,8 +16,8 @@ use std::time::{Duration, SystemTime};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
     INodeNo, InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate,
-    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen,
-    ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
 };
 use tracing::Instrument;
 
@@ -43,7 +43,10 @@ impl<R: Remote> FuseAdapter<R> {
         F: Future<Output = ()> + Send + 'static,
     {
         let span = tracing::debug_span!("fuse", op, req = req.unique().0);
-        self.fs.stats.ops.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.fs
+            .stats
+            .ops
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.fs.runtime().spawn(fut.instrument(span));
     }
 }
@@ -91,7 +94,12 @@ fn fuse_attr(a: &Attr) -> FileAttr {
 
 fn reply_entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
     match r {
-        Ok(e) => reply.entry_with_ttls(&e.attr_ttl, &e.entry_ttl, &fuse_attr(&e.attr), Generation(0)),
+        Ok(e) => reply.entry_with_ttls(
+            &e.attr_ttl,
+            &e.entry_ttl,
+            &fuse_attr(&e.attr),
+            Generation(0),
+        ),
         Err(e) => reply.error(errno(&e)),
     }
 }
@@ -134,7 +142,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let fs = self.fs.clone();
         let name = name.to_owned();
-        self.spawn("lookup", req, async move { reply_entry(reply, fs.lookup(parent.0, &name).await) });
+        self.spawn("lookup", req, async move {
+            reply_entry(reply, fs.lookup(parent.0, &name).await)
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -207,33 +217,62 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         reply: ReplyEntry,
     ) {
         // SFTP can create regular files only (and they come through create()).
-        let e = FsError::new(libc::EPERM, format!("mknod of type {:o}: SFTP cannot create special files", mode & libc::S_IFMT));
+        let e = FsError::new(
+            libc::EPERM,
+            format!(
+                "mknod of type {:o}: SFTP cannot create special files",
+                mode & libc::S_IFMT
+            ),
+        );
         reply.error(errno(&e));
     }
 
-    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
         let fs = self.fs.clone();
         let name = name.to_owned();
-        self.spawn("mkdir", req, async move { reply_entry(reply, fs.mkdir(parent.0, &name, mode, umask).await) });
+        self.spawn("mkdir", req, async move {
+            reply_entry(reply, fs.mkdir(parent.0, &name, mode, umask).await)
+        });
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let fs = self.fs.clone();
         let name = name.to_owned();
-        self.spawn("unlink", req, async move { reply_empty(reply, fs.unlink(parent.0, &name).await) });
+        self.spawn("unlink", req, async move {
+            reply_empty(reply, fs.unlink(parent.0, &name).await)
+        });
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let fs = self.fs.clone();
         let name = name.to_owned();
-        self.spawn("rmdir", req, async move { reply_empty(reply, fs.rmdir(parent.0, &name).await) });
+        self.spawn("rmdir", req, async move {
+            reply_empty(reply, fs.rmdir(parent.0, &name).await)
+        });
     }
 
-    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
         let fs = self.fs.clone();
         let name = link_name.to_owned();
         let target = target.to_owned();
-        self.spawn("symlink", req, async move { reply_entry(reply, fs.symlink(parent.0, &name, &target).await) });
+        self.spawn("symlink", req, async move {
+            reply_entry(reply, fs.symlink(parent.0, &name, &target).await)
+        });
     }
 
     fn rename(
@@ -249,14 +288,27 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         let fs = self.fs.clone();
         let (name, newname) = (name.to_owned(), newname.to_owned());
         self.spawn("rename", req, async move {
-            reply_empty(reply, fs.rename(parent.0, &name, newparent.0, &newname, flags.bits()).await)
+            reply_empty(
+                reply,
+                fs.rename(parent.0, &name, newparent.0, &newname, flags.bits())
+                    .await,
+            )
         });
     }
 
-    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
         let fs = self.fs.clone();
         let newname = newname.to_owned();
-        self.spawn("link", req, async move { reply_entry(reply, fs.link(ino.0, newparent.0, &newname).await) });
+        self.spawn("link", req, async move {
+            reply_entry(reply, fs.link(ino.0, newparent.0, &newname).await)
+        });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -311,9 +363,18 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         });
     }
 
-    fn flush(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+    fn flush(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
         let fs = self.fs.clone();
-        self.spawn("flush", req, async move { reply_empty(reply, fs.flush(fh.0).await) });
+        self.spawn("flush", req, async move {
+            reply_empty(reply, fs.flush(fh.0).await)
+        });
     }
 
     fn release(
@@ -327,12 +388,23 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         reply: ReplyEmpty,
     ) {
         let fs = self.fs.clone();
-        self.spawn("release", req, async move { reply_empty(reply, fs.release(fh.0).await) });
+        self.spawn("release", req, async move {
+            reply_empty(reply, fs.release(fh.0).await)
+        });
     }
 
-    fn fsync(&self, req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsync(
+        &self,
+        req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         let fs = self.fs.clone();
-        self.spawn("fsync", req, async move { reply_empty(reply, fs.fsync(fh.0).await) });
+        self.spawn("fsync", req, async move {
+            reply_empty(reply, fs.fsync(fh.0).await)
+        });
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -345,13 +417,25 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         });
     }
 
-    fn readdir(&self, _req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
         // Served from the listing taken at opendir: no network, so no task needed.
         match self.fs.readdir(fh.0, offset) {
             Ok(items) => {
                 for item in items {
                     let entry_ino = self.fs.peek_ino(ino.0, &item.name);
-                    if reply.add(INodeNo(entry_ino), item.next_offset, file_type(item.kind), &item.name) {
+                    if reply.add(
+                        INodeNo(entry_ino),
+                        item.next_offset,
+                        file_type(item.kind),
+                        &item.name,
+                    ) {
                         break;
                     }
                 }
@@ -361,7 +445,14 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         }
     }
 
-    fn readdirplus(&self, req: &Request, ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+    fn readdirplus(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
         let fs = self.fs.clone();
         self.spawn("readdirplus", req, async move {
             let items = match fs.readdir(fh.0, offset) {
@@ -384,7 +475,14 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
                         uid: 0,
                         gid: 0,
                     };
-                    if reply.add(INodeNo(attr.ino), item.next_offset, &item.name, &Duration::ZERO, &fuse_attr(&attr), Generation(0)) {
+                    if reply.add(
+                        INodeNo(attr.ino),
+                        item.next_offset,
+                        &item.name,
+                        &Duration::ZERO,
+                        &fuse_attr(&attr),
+                        Generation(0),
+                    ) {
                         break;
                     }
                     continue;
@@ -394,7 +492,14 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
                     // Vanished between listing and now: leave it out.
                     Err(_) => continue,
                 };
-                if reply.add(INodeNo(entry.attr.ino), item.next_offset, &item.name, &entry.entry_ttl, &fuse_attr(&entry.attr), Generation(0)) {
+                if reply.add(
+                    INodeNo(entry.attr.ino),
+                    item.next_offset,
+                    &item.name,
+                    &entry.entry_ttl,
+                    &fuse_attr(&entry.attr),
+                    Generation(0),
+                ) {
                     // Not added: give back the reference readdirplus_entry took.
                     fs.forget(entry.attr.ino, 1);
                     break;
@@ -404,12 +509,26 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         });
     }
 
-    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
         self.fs.releasedir(fh.0);
         reply.ok();
     }
 
-    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
         // Directory changes are synchronous on the server already.
         reply.ok();
     }
@@ -418,7 +537,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         let fs = self.fs.clone();
         self.spawn("statfs", req, async move {
             match fs.statfs().await {
-                Ok(s) => reply.statfs(s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize),
+                Ok(s) => reply.statfs(
+                    s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+                ),
                 Err(e) => reply.error(errno(&e)),
             }
         });
@@ -445,8 +566,17 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         let fs = self.fs.clone();
         let name = name.to_owned();
         self.spawn("create", req, async move {
-            match fs.create(parent.0, &name, mode, umask, OpenRequest { flags }).await {
-                Ok((e, fh)) => reply.created(&e.entry_ttl, &fuse_attr(&e.attr), Generation(0), FileHandle(fh), FopenFlags::empty()),
+            match fs
+                .create(parent.0, &name, mode, umask, OpenRequest { flags })
+                .await
+            {
+                Ok((e, fh)) => reply.created(
+                    &e.entry_ttl,
+                    &fuse_attr(&e.attr),
+                    Generation(0),
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                ),
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -40,7 +40,12 @@ pub fn mount_on_fd(dir: &OwnedFd, opts: &KernelMountOptions) -> io::Result<Owned
         .write(true)
         .custom_flags(libc::O_CLOEXEC)
         .open("/dev/fuse")
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot open /dev/fuse: {e} (is the fuse module loaded?)")))?;
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot open /dev/fuse: {e} (is the fuse module loaded?)"),
+            )
+        })?;
     let mut data = format!(
         "fd={},rootmode=40000,user_id={},group_id={}",
         dev.as_raw_fd(),

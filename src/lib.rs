@@ -6,13 +6,13 @@
 //! * [`remote`]: the remote trait and its SFTP, local-directory and fault-injecting
 //!   implementations.
 
-pub mod error;
-pub mod remote;
 pub mod core;
-pub mod fuse;
 pub mod daemon;
+pub mod error;
+pub mod fuse;
+pub mod kernel_mount;
 pub mod mount;
 pub mod mountinfo;
 pub mod options;
+pub mod remote;
 pub mod unmount;
-pub mod kernel_mount;

@@ -137,7 +137,9 @@ fn exit(r: Result<(), String>) -> ExitCode {
 
 fn mount_command(cli: Cli) -> Result<(), String> {
     let (Some(remote), Some(mountpoint)) = (cli.remote, cli.mountpoint) else {
-        return Err("usage: awcp-mount [USER@]HOST:[DIR] MOUNTPOINT [-o OPT,...] (see --help)".into());
+        return Err(
+            "usage: awcp-mount [USER@]HOST:[DIR] MOUNTPOINT [-o OPT,...] (see --help)".into(),
+        );
     };
     let remote: RemoteSpec = remote.parse()?;
     let mut options = MountOptions::default();

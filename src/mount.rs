@@ -121,7 +121,10 @@ pub fn ssh_config(req: &MountRequest) -> Result<SshConfig, MountError> {
     cfg.certificate = if let Some(c) = &req.certificate_in_memory {
         Some(CertificateSource::InMemory(c.clone()))
     } else {
-        o.certificate_files.first().cloned().map(CertificateSource::File)
+        o.certificate_files
+            .first()
+            .cloned()
+            .map(CertificateSource::File)
     };
     cfg.host_key_policy = if !req.pinned_host_keys.is_empty() {
         let keys = req
@@ -190,7 +193,10 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
     let meta = std::fs::metadata(&canonical)
         .map_err(|e| mp(format!("mount point {}: {e}", canonical.display())))?;
     if !meta.is_dir() {
-        return Err(mp(format!("mount point {} is not a directory", canonical.display())));
+        return Err(mp(format!(
+            "mount point {} is not a directory",
+            canonical.display()
+        )));
     }
     if crate::mountinfo::is_mount_point(&canonical).unwrap_or(false) {
         return Err(mp(format!(
@@ -204,7 +210,11 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
 
 /// Resolve the remote directory to an absolute path and check it is a directory.
 async fn resolve_root(remote: &SftpRemote, spec: &RemoteSpec) -> Result<PathBuf, MountError> {
-    let dir = if spec.dir.is_empty() { "." } else { spec.dir.as_str() };
+    let dir = if spec.dir.is_empty() {
+        "."
+    } else {
+        spec.dir.as_str()
+    };
     let no_dir = |why: String| {
         fail(
             MountErrorKind::RemoteDir,
@@ -215,7 +225,10 @@ async fn resolve_root(remote: &SftpRemote, spec: &RemoteSpec) -> Result<PathBuf,
         .realpath(Path::new(dir))
         .await
         .map_err(|e| no_dir(e.to_string()))?;
-    let attrs = remote.stat(&root).await.map_err(|e| no_dir(e.to_string()))?;
+    let attrs = remote
+        .stat(&root)
+        .await
+        .map_err(|e| no_dir(e.to_string()))?;
     if attrs.file_type() != FileKind::Dir {
         return Err(no_dir("not a directory".into()));
     }
@@ -283,29 +296,33 @@ fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountE
         .build()
         .map_err(|e| fail(MountErrorKind::Kernel, format!("cannot start runtime: {e}")))?;
 
-    let remote = rt
-        .block_on(SftpRemote::connect(ssh))
-        .map_err(|e| {
-            use crate::remote::sftp::ConnectErrorKind as K;
-            let kind = match e.kind() {
-                K::Auth | K::Key => MountErrorKind::Auth,
-                K::HostKeyUnknown | K::HostKeyChanged => MountErrorKind::HostKey,
-                K::NoSuchRemoteDir => MountErrorKind::RemoteDir,
-                K::Network | K::Sftp => MountErrorKind::Network,
-            };
-            fail(kind, e.to_string())
-        })?;
+    let remote = rt.block_on(SftpRemote::connect(ssh)).map_err(|e| {
+        use crate::remote::sftp::ConnectErrorKind as K;
+        let kind = match e.kind() {
+            K::Auth | K::Key => MountErrorKind::Auth,
+            K::HostKeyUnknown | K::HostKeyChanged => MountErrorKind::HostKey,
+            K::NoSuchRemoteDir => MountErrorKind::RemoteDir,
+            K::Network | K::Sftp => MountErrorKind::Network,
+        };
+        fail(kind, e.to_string())
+    })?;
     let remote = Arc::new(remote);
     let root = rt.block_on(resolve_root(&remote, &req.remote))?;
     let read_only = req.options.read_only;
 
     let idmap = if req.options.idmap_user {
-        let a = rt
-            .block_on(remote.stat(&root))
-            .map_err(|e| fail(MountErrorKind::RemoteDir, format!("stat of the remote directory: {e}")))?;
+        let a = rt.block_on(remote.stat(&root)).map_err(|e| {
+            fail(
+                MountErrorKind::RemoteDir,
+                format!("stat of the remote directory: {e}"),
+            )
+        })?;
         Some((
             (a.uid.unwrap_or(0), a.gid.unwrap_or(0)),
-            (nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()),
+            (
+                nix::unistd::getuid().as_raw(),
+                nix::unistd::getgid().as_raw(),
+            ),
         ))
     } else {
         None
@@ -316,7 +333,12 @@ fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountE
         follow_symlinks: req.options.follow_symlinks,
         idmap,
     };
-    let fs = Arc::new(Fs::new(remote.clone(), root.clone(), config, rt.handle().clone()));
+    let fs = Arc::new(Fs::new(
+        remote.clone(),
+        root.clone(),
+        config,
+        rt.handle().clone(),
+    ));
     let adapter = FuseAdapter::new(fs.clone());
     let fuse_cfg = fuse_config(req, read_only);
     let mount_err = |e: std::io::Error| {
@@ -372,11 +394,20 @@ fn watch_connection(
                 return;
             }
             let final_loss = match &*state.borrow() {
-                ConnState::Disconnected { retrying: false, reason } => {
-                    tracing::error!("connection lost: {reason}; unmounting {}", mountpoint.display());
+                ConnState::Disconnected {
+                    retrying: false,
+                    reason,
+                } => {
+                    tracing::error!(
+                        "connection lost: {reason}; unmounting {}",
+                        mountpoint.display()
+                    );
                     true
                 }
-                ConnState::Disconnected { retrying: true, reason } => {
+                ConnState::Disconnected {
+                    retrying: true,
+                    reason,
+                } => {
                     tracing::warn!("connection lost: {reason}; still trying to reconnect");
                     false
                 }
@@ -427,14 +458,22 @@ fn kernel_mount_options(req: &MountRequest, read_only: bool) -> KernelMountOptio
         allow_other: o.allow_other || o.allow_root,
         default_permissions: o.default_permissions,
         noexec: o.kernel_flags.iter().any(|f| f == "noexec"),
-        noatime: o.kernel_flags.iter().any(|f| f == "noatime" || f == "nodiratime"),
+        noatime: o
+            .kernel_flags
+            .iter()
+            .any(|f| f == "noatime" || f == "nodiratime"),
         sync: o.kernel_flags.iter().any(|f| f == "sync"),
     }
 }
 
 fn fsname(req: &MountRequest) -> String {
     req.options.fsname.clone().unwrap_or_else(|| {
-        let user = req.remote.user.as_deref().map(|u| format!("{u}@")).unwrap_or_default();
+        let user = req
+            .remote
+            .user
+            .as_deref()
+            .map(|u| format!("{u}@"))
+            .unwrap_or_default();
         format!("{user}{}:{}", req.remote.host, req.remote.dir)
     })
 }
@@ -490,5 +529,10 @@ fn serve<R: Remote>(
     // Writes still queued when the kernel let go (umount with open files is refused, so
     // normally none) get a last chance.
     let _ = rt.block_on(fs.flush_all());
-    result.map_err(|e| fail(MountErrorKind::Kernel, format!("FUSE session ended with an error: {e}")))
+    result.map_err(|e| {
+        fail(
+            MountErrorKind::Kernel,
+            format!("FUSE session ended with an error: {e}"),
+        )
+    })
 }

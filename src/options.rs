@@ -190,7 +190,10 @@ fn parse_num<T: std::str::FromStr>(opt: &str, v: &str) -> Result<T, OptionError>
 fn need<'a>(opt: &str, v: Option<&'a str>) -> Result<&'a str, OptionError> {
     match v {
         Some(v) if !v.is_empty() => Ok(v),
-        _ => Err(bad(opt, "needs a value, as in {opt}=VALUE".replace("{opt}", opt))),
+        _ => Err(bad(
+            opt,
+            "needs a value, as in {opt}=VALUE".replace("{opt}", opt),
+        )),
     }
 }
 
@@ -217,7 +220,8 @@ impl MountOptions {
                 return Ok(());
             }
             "certificatefile" => {
-                self.certificate_files.push(PathBuf::from(need(name, value)?));
+                self.certificate_files
+                    .push(PathBuf::from(need(name, value)?));
                 return Ok(());
             }
             "port" => {
@@ -234,7 +238,12 @@ impl MountOptions {
                     "no" | "off" => false,
                     // accept-new would write to known_hosts; we verify strictly instead.
                     "yes" | "ask" | "accept-new" => true,
-                    _ => return Err(bad(name, format!("'{v}' is not yes, no, ask or accept-new"))),
+                    _ => {
+                        return Err(bad(
+                            name,
+                            format!("'{v}' is not yes, no, ask or accept-new"),
+                        ))
+                    }
                 });
                 return Ok(());
             }
@@ -274,13 +283,21 @@ impl MountOptions {
             ("max_conns", Some(v)) => {
                 let n: usize = parse_num(name, v)?;
                 if !(1..=10).contains(&n) {
-                    return Err(bad(name, "must be between 1 and 10 (OpenSSH's MaxSessions is 10)"));
+                    return Err(bad(
+                        name,
+                        "must be between 1 and 10 (OpenSSH's MaxSessions is 10)",
+                    ));
                 }
                 self.max_conns = Some(n);
             }
             ("idmap", Some("user")) => self.idmap_user = true,
             ("idmap", Some("none")) => self.idmap_user = false,
-            ("idmap", Some(v)) => return Err(bad(name, format!("'{v}' is not supported (use user or none)"))),
+            ("idmap", Some(v)) => {
+                return Err(bad(
+                    name,
+                    format!("'{v}' is not supported (use user or none)"),
+                ))
+            }
             ("fsname", Some(v)) => self.fsname = Some(v.to_string()),
             ("subtype", Some(v)) => self.subtype = Some(v.to_string()),
             _ if KERNEL_FLAGS.contains(&name) && value.is_none() => {
@@ -290,8 +307,14 @@ impl MountOptions {
                 self.ignored.push(opt.to_string())
             }
             (
-                "reconnect" | "follow_symlinks" | "ro" | "allow_other" | "allow_root"
-                | "default_permissions" | "kernel_cache" | "debug",
+                "reconnect"
+                | "follow_symlinks"
+                | "ro"
+                | "allow_other"
+                | "allow_root"
+                | "default_permissions"
+                | "kernel_cache"
+                | "debug",
                 Some(_),
             ) => return Err(bad(name, "takes no value")),
             (
@@ -413,7 +436,11 @@ mod tests {
         let mut o = MountOptions::default();
         let e = o.apply_list("ro,nosuchoption").unwrap_err();
         assert_eq!(e.option, "nosuchoption");
-        assert!(o.apply("Port=abc").unwrap_err().to_string().contains("Port"));
+        assert!(o
+            .apply("Port=abc")
+            .unwrap_err()
+            .to_string()
+            .contains("Port"));
         assert!(o.apply("ro=1").is_err());
         assert!(o.apply("attr_timeout").is_err());
         assert!(o.apply("max_conns=50").is_err());

@@ -142,12 +142,35 @@ impl MetaCache {
         );
     }
 
-    /// A name in `parent` changed through the mount: forget what we knew of it and of the
-    /// directory's listing.
+    /// A name in `parent` changed in a way we cannot describe: forget what we knew of it and
+    /// of the directory's listing.
     pub fn name_changed(&mut self, parent: Ino, name: &OsStr) {
         self.negative.pop(&(parent, name.to_os_string()));
         self.dirs.pop(&parent);
         self.attrs.pop(&parent);
+    }
+
+    /// `entry` was created in `parent` through the mount. A cached listing of `parent` stays
+    /// valid with the entry added (so lookups of the next names created there, which the
+    /// kernel makes before every create, need no round trip).
+    pub fn name_added(&mut self, parent: Ino, entry: DirEntry) {
+        self.negative.pop(&(parent, entry.name.clone()));
+        self.attrs.pop(&parent);
+        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
+            let listing = Arc::make_mut(listing);
+            listing.retain(|e| e.name != entry.name);
+            listing.push(entry);
+        }
+    }
+
+    /// `name` was removed from `parent` through the mount.
+    pub fn name_removed(&mut self, parent: Ino, name: &OsStr) -> Option<DirEntry> {
+        self.negative.pop(&(parent, name.to_os_string()));
+        self.attrs.pop(&parent);
+        let (listing, _) = self.dirs.get_mut(&parent)?;
+        let listing = Arc::make_mut(listing);
+        let pos = listing.iter().position(|e| e.name == name)?;
+        Some(listing.swap_remove(pos))
     }
 
     /// The fresh listing of `dir`, if one is cached.

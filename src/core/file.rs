@@ -96,11 +96,7 @@ impl<R: Remote> OpenFile<R> {
 
     /// Queue a job for the writer task, starting the task on first use. Returns `false` if
     /// the file is being released.
-    pub(crate) fn submit(
-        self: &Arc<Self>,
-        fs: &Arc<Fs<R>>,
-        job: WriteJob,
-    ) -> bool {
+    pub(crate) fn submit(self: &Arc<Self>, fs: &Arc<Fs<R>>, job: WriteJob) -> bool {
         let mut writer = self.writer.lock().unwrap();
         if writer.is_none() {
             let (tx, rx) = mpsc::unbounded_channel();

@@ -124,7 +124,10 @@ impl InodeTable {
     pub fn lookup(&mut self, parent: Ino, name: &OsStr, kind: FileKind) -> Ino {
         let key = (parent, name.to_os_string());
         if let Some(&ino) = self.by_name.get(&key) {
-            let node = self.nodes.get_mut(&ino).expect("by_name points at a live node");
+            let node = self
+                .nodes
+                .get_mut(&ino)
+                .expect("by_name points at a live node");
             if node.kind != kind {
                 // Replaced on the server by an object of another type: a new identity, so the
                 // kernel does not keep treating a directory as the file it once was.
@@ -199,7 +202,8 @@ impl InodeTable {
                 node.parent = new_parent;
                 node.name = new_name.to_os_string();
             }
-            self.by_name.insert((new_parent, new_name.to_os_string()), ino);
+            self.by_name
+                .insert((new_parent, new_name.to_os_string()), ino);
         }
     }
 

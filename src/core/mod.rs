@@ -203,7 +203,12 @@ fn is_valid_listing_name(name: &OsStr) -> bool {
 impl<R: Remote> Fs<R> {
     /// A filesystem over `remote`, exporting the server directory `root` (absolute, already
     /// resolved by the caller). Methods must be called from within the runtime `rt`.
-    pub fn new(remote: Arc<R>, root: PathBuf, config: FsConfig, rt: tokio::runtime::Handle) -> Self {
+    pub fn new(
+        remote: Arc<R>,
+        root: PathBuf,
+        config: FsConfig,
+        rt: tokio::runtime::Handle,
+    ) -> Self {
         Fs {
             remote,
             rt,
@@ -252,7 +257,10 @@ impl<R: Remote> Fs<R> {
 
     fn check_writable(&self, what: &str) -> FsResult<()> {
         if self.is_read_only() {
-            Err(FsError::new(libc::EROFS, format!("{what}: the mount is read-only")))
+            Err(FsError::new(
+                libc::EROFS,
+                format!("{what}: the mount is read-only"),
+            ))
         } else {
             Ok(())
         }
@@ -345,11 +353,20 @@ impl<R: Remote> Fs<R> {
 
     /// Turn a remote failure of `op` into the errno a local disk would give, asking the
     /// server follow-up questions when the status is the generic `FAILURE`.
-    async fn explain(&self, op: Op, err: RemoteError, target: &Path, source: Option<&Path>) -> FsError {
+    async fn explain(
+        &self,
+        op: Op,
+        err: RemoteError,
+        target: &Path,
+        source: Option<&Path>,
+    ) -> FsError {
         self.stats.remote_errors.fetch_add(1, Ordering::Relaxed);
         if let Some(Status::BadMessage) = err.status() {
             if errno::path_too_long(target) || source.is_some_and(errno::path_too_long) {
-                return FsError::new(libc::ENAMETOOLONG, format!("{}: name too long", target.display()));
+                return FsError::new(
+                    libc::ENAMETOOLONG,
+                    format!("{}: name too long", target.display()),
+                );
             }
         }
         if let Some(errno) = errno::direct(&err, op) {
@@ -358,7 +375,10 @@ impl<R: Remote> Fs<R> {
                 if let Some(parent) = target.parent() {
                     if let Some(kind) = self.probe_kind(parent).await {
                         if kind != FileKind::Dir && kind != FileKind::Symlink {
-                            return FsError::new(libc::ENOTDIR, format!("{}: not a directory", parent.display()));
+                            return FsError::new(
+                                libc::ENOTDIR,
+                                format!("{}: not a directory", parent.display()),
+                            );
                         }
                     }
                 }
@@ -372,13 +392,15 @@ impl<R: Remote> Fs<R> {
         if let Some(src) = source {
             found.source = self.probe_kind(src).await;
             if let (Some(a), Some(b)) = (src.parent(), target.parent()) {
-                if let (Ok(x), Ok(y)) = (self.remote.statvfs(a).await, self.remote.statvfs(b).await) {
+                if let (Ok(x), Ok(y)) = (self.remote.statvfs(a).await, self.remote.statvfs(b).await)
+                {
                     found.cross_device = x.fsid != y.fsid;
                 }
             }
         }
         if found.target == Some(FileKind::Dir) && matches!(op, Op::Rmdir | Op::Rename) {
-            found.target_not_empty = matches!(self.remote.read_dir(target).await, Ok(l) if !l.is_empty());
+            found.target_not_empty =
+                matches!(self.remote.read_dir(target).await, Ok(l) if !l.is_empty());
         }
         if let Ok(v) = self.remote.statvfs(&self.root).await {
             found.no_space = v.bavail == 0 || v.favail == 0;
@@ -406,7 +428,11 @@ impl<R: Remote> Fs<R> {
 
     /// Register an inode for `name` in `parent` with the attributes just learnt.
     fn remember(&self, parent: Ino, name: &OsStr, attrs: Attrs, nlink: Option<u32>) -> Attr {
-        let ino = self.inodes.lock().unwrap().lookup(parent, name, attrs.file_type());
+        let ino = self
+            .inodes
+            .lock()
+            .unwrap()
+            .lookup(parent, name, attrs.file_type());
         self.cache
             .lock()
             .unwrap()
@@ -421,7 +447,10 @@ impl<R: Remote> Fs<R> {
         {
             let mut cache = self.cache.lock().unwrap();
             if cache.is_negative(parent, name) {
-                return Err(FsError::new(libc::ENOENT, format!("{}: no such file (cached)", path.display())));
+                return Err(FsError::new(
+                    libc::ENOENT,
+                    format!("{}: no such file (cached)", path.display()),
+                ));
             }
             let follow = self.config.lock().unwrap().follow_symlinks;
             match cache.lookup_in_dir(parent, name) {
@@ -430,7 +459,10 @@ impl<R: Remote> Fs<R> {
                     return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink)));
                 }
                 Some(None) => {
-                    return Err(FsError::new(libc::ENOENT, format!("{}: not in listing", path.display())));
+                    return Err(FsError::new(
+                        libc::ENOENT,
+                        format!("{}: not in listing", path.display()),
+                    ));
                 }
                 _ => {}
             }
@@ -441,7 +473,10 @@ impl<R: Remote> Fs<R> {
                 self.cache.lock().unwrap().put_negative(parent, name);
                 // If the kernel still had an inode for this name, it is gone now.
                 self.inodes.lock().unwrap().detach_name(parent, name);
-                Err(FsError::new(libc::ENOENT, format!("{}: no such file", path.display())))
+                Err(FsError::new(
+                    libc::ENOENT,
+                    format!("{}: no such file", path.display()),
+                ))
             }
             Err(e) => Err(self.explain(Op::Lookup, e, &path, None).await),
         }
@@ -455,7 +490,11 @@ impl<R: Remote> Fs<R> {
         }
     }
 
-    pub async fn getattr(self: &Arc<Self>, ino: Ino, fh: Option<u64>) -> FsResult<(Attr, Duration)> {
+    pub async fn getattr(
+        self: &Arc<Self>,
+        ino: Ino,
+        fh: Option<u64>,
+    ) -> FsResult<(Attr, Duration)> {
         let ttl = self.cache_config().attr_ttl;
         let mut file = fh.and_then(|fh| self.files.lock().unwrap().get(&fh).cloned());
         if file.is_none() && self.path_of(ino).is_err() {
@@ -473,7 +512,10 @@ impl<R: Remote> Fs<R> {
             return match self.remote.fstat(&handle).await {
                 Ok(attrs) => {
                     let attrs = self.with_pending_size(ino, attrs);
-                    self.cache.lock().unwrap().put_attrs(ino, CachedAttrs { attrs, nlink: None });
+                    self.cache
+                        .lock()
+                        .unwrap()
+                        .put_attrs(ino, CachedAttrs { attrs, nlink: None });
                     Ok((self.make_attr(ino, &attrs, None), ttl))
                 }
                 Err(RemoteError::StaleHandle) => {
@@ -490,7 +532,12 @@ impl<R: Remote> Fs<R> {
     }
 
     fn any_open_file(&self, ino: Ino) -> Option<Arc<OpenFile<R>>> {
-        self.files.lock().unwrap().values().find(|f| f.ino == ino).cloned()
+        self.files
+            .lock()
+            .unwrap()
+            .values()
+            .find(|f| f.ino == ino)
+            .cloned()
     }
 
     /// Files of `ino` with writes not yet answered.
@@ -516,7 +563,10 @@ impl<R: Remote> Fs<R> {
     /// The server may not have seen every write yet: never show a size below what was written.
     fn with_pending_size(&self, ino: Ino, mut attrs: Attrs) -> Attrs {
         let files = self.files.lock().unwrap();
-        for f in files.values().filter(|f| f.ino == ino && f.writes_pending()) {
+        for f in files
+            .values()
+            .filter(|f| f.ino == ino && f.writes_pending())
+        {
             let end = f.written_end.load(Ordering::Relaxed);
             if attrs.size.is_some_and(|s| s < end) {
                 attrs.size = Some(end);
@@ -525,7 +575,12 @@ impl<R: Remote> Fs<R> {
         attrs
     }
 
-    pub async fn setattr(self: &Arc<Self>, ino: Ino, fh: Option<u64>, req: SetattrRequest) -> FsResult<Attr> {
+    pub async fn setattr(
+        self: &Arc<Self>,
+        ino: Ino,
+        fh: Option<u64>,
+        req: SetattrRequest,
+    ) -> FsResult<Attr> {
         self.check_writable("setattr")?;
         let path = self.path_of(ino);
         let file = fh
@@ -562,14 +617,22 @@ impl<R: Remote> Fs<R> {
             let mtime = req.mtime.map(to_seconds).unwrap_or(cur.mtime.unwrap_or(0));
             set.atime_mtime = Some((atime, mtime));
         }
-        let op = if set.uid_gid.is_some() { Op::Chown } else { Op::Setattr };
+        let op = if set.uid_gid.is_some() {
+            Op::Chown
+        } else {
+            Op::Setattr
+        };
 
         if !set.is_empty() {
             let result = match (&file, kind) {
                 (Some(f), _) => {
                     let h = f.handle().await;
                     match self.remote.fsetstat(&h, set).await {
-                        Err(RemoteError::StaleHandle) => self.remote.setstat(path.as_ref().map_err(Clone::clone)?, set).await,
+                        Err(RemoteError::StaleHandle) => {
+                            self.remote
+                                .setstat(path.as_ref().map_err(Clone::clone)?, set)
+                                .await
+                        }
                         r => r,
                     }
                 }
@@ -578,23 +641,58 @@ impl<R: Remote> Fs<R> {
                         // Linux has no permissions on symlinks.
                         return Err(FsError::new(libc::EOPNOTSUPP, "chmod of a symlink"));
                     }
-                    self.remote.lsetstat(path.as_ref().map_err(Clone::clone)?, set).await
+                    self.remote
+                        .lsetstat(path.as_ref().map_err(Clone::clone)?, set)
+                        .await
                 }
-                (None, _) => self.remote.setstat(path.as_ref().map_err(Clone::clone)?, set).await,
+                (None, _) => {
+                    self.remote
+                        .setstat(path.as_ref().map_err(Clone::clone)?, set)
+                        .await
+                }
             };
             if let Err(e) = result {
                 let target = path.clone().unwrap_or_else(|_| self.root.clone());
                 return Err(self.explain(op, e, &target, None).await);
             }
         }
+        // Only mode, owner or times changed and we know the rest: the new attributes are known
+        // without asking. (A size change also moves the mtime on the server: ask then.)
+        let known = if req.size.is_none() {
+            current.or_else(|| self.cache.lock().unwrap().get_attrs(ino).map(|c| c.attrs))
+        } else {
+            None
+        };
         self.cache.lock().unwrap().forget_attrs(ino);
+        if let Some(mut attrs) = known {
+            if let Some(p) = set.perm {
+                attrs.mode = Some((attrs.mode.unwrap_or(0) & libc::S_IFMT) | p);
+            }
+            if let Some((u, g)) = set.uid_gid {
+                attrs.uid = Some(u);
+                attrs.gid = Some(g);
+            }
+            if let Some((a, m)) = set.atime_mtime {
+                attrs.atime = Some(a);
+                attrs.mtime = Some(m);
+            }
+            let attrs = self.with_pending_size(ino, attrs);
+            self.cache
+                .lock()
+                .unwrap()
+                .put_attrs(ino, CachedAttrs { attrs, nlink: None });
+            return Ok(self.make_attr(ino, &attrs, None));
+        }
         if let Some(f) = &file {
             if let Some(size) = req.size {
                 f.written_end.store(size, Ordering::Relaxed);
             }
             let h = f.handle().await;
             if let Ok(attrs) = self.remote.fstat(&h).await {
-                self.cache.lock().unwrap().put_attrs(ino, CachedAttrs { attrs, nlink: None });
+                self.cache
+                    .lock()
+                    .unwrap()
+                    .put_attrs(ino, CachedAttrs { attrs, nlink: None });
                 return Ok(self.make_attr(ino, &attrs, None));
             }
         }
@@ -616,29 +714,54 @@ impl<R: Remote> Fs<R> {
         }
     }
 
-    /// After creating `name` in `parent` through the mount: the caches must show it at once.
-    fn created(&self, parent: Ino, name: &OsStr) {
-        self.cache.lock().unwrap().name_changed(parent, name);
-    }
-
     /// Look up what was just created, fixing its permission bits when the server's umask
     /// changed them (a local disk applies only the caller's umask, which the kernel already
     /// folded into `perm`).
-    async fn finish_create(&self, parent: Ino, name: &OsStr, path: &Path, perm: Option<u32>) -> FsResult<Entry> {
-        self.created(parent, name);
+    async fn finish_create(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        path: &Path,
+        perm: Option<u32>,
+    ) -> FsResult<Entry> {
         let mut attrs = match self.remote.lstat(path).await {
             Ok(a) => a,
-            Err(e) => return Err(self.explain(Op::Lookup, e, path, None).await),
+            Err(e) => {
+                self.cache.lock().unwrap().name_changed(parent, name);
+                return Err(self.explain(Op::Lookup, e, path, None).await);
+            }
         };
         if let (Some(want), Some(mode)) = (perm, attrs.mode) {
             if mode & 0o7777 != want & 0o7777 {
-                let set = SetAttrs { perm: Some(want & 0o7777), ..Default::default() };
+                let set = SetAttrs {
+                    perm: Some(want & 0o7777),
+                    ..Default::default()
+                };
                 if self.remote.setstat(path, set).await.is_ok() {
                     attrs.mode = Some((mode & libc::S_IFMT) | (want & 0o7777));
                 }
             }
         }
-        Ok(self.entry(self.remember(parent, name, attrs, None)))
+        // The caches show the new entry at once; a new directory is known to be empty.
+        {
+            let mut cache = self.cache.lock().unwrap();
+            cache.name_added(
+                parent,
+                DirEntry {
+                    name: name.to_os_string(),
+                    attrs,
+                    nlink: None,
+                },
+            );
+        }
+        let entry = self.entry(self.remember(parent, name, attrs, None));
+        if attrs.file_type() == FileKind::Dir {
+            self.cache
+                .lock()
+                .unwrap()
+                .put_dir(entry.attr.ino, Arc::new(Vec::new()));
+        }
+        Ok(entry)
     }
 
     pub async fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32, umask: u32) -> FsResult<Entry> {
@@ -686,7 +809,7 @@ impl<R: Remote> Fs<R> {
     fn removed(&self, parent: Ino, name: &OsStr) {
         let ino = self.inodes.lock().unwrap().detach_name(parent, name);
         let mut cache = self.cache.lock().unwrap();
-        cache.name_changed(parent, name);
+        cache.name_removed(parent, name);
         if let Some(ino) = ino {
             cache.forget_attrs(ino);
         }
@@ -702,10 +825,16 @@ impl<R: Remote> Fs<R> {
     ) -> FsResult<()> {
         self.check_writable("rename")?;
         if flags & libc::RENAME_EXCHANGE != 0 {
-            return Err(FsError::new(libc::EINVAL, "RENAME_EXCHANGE cannot be done atomically over SFTP"));
+            return Err(FsError::new(
+                libc::EINVAL,
+                "RENAME_EXCHANGE cannot be done atomically over SFTP",
+            ));
         }
         if flags & !(libc::RENAME_NOREPLACE) != 0 {
-            return Err(FsError::new(libc::EINVAL, format!("unsupported rename flags {flags:#x}")));
+            return Err(FsError::new(
+                libc::EINVAL,
+                format!("unsupported rename flags {flags:#x}"),
+            ));
         }
         let from = self.child_path(parent, name)?;
         let to = self.child_path(new_parent, new_name)?;
@@ -716,7 +845,10 @@ impl<R: Remote> Fs<R> {
                 .is_some_and(|moving| inodes.is_ancestor(moving, new_parent))
         };
         if into_itself {
-            return Err(FsError::new(libc::EINVAL, "cannot move a directory into itself"));
+            return Err(FsError::new(
+                libc::EINVAL,
+                "cannot move a directory into itself",
+            ));
         }
         let mode = if flags & libc::RENAME_NOREPLACE != 0 {
             RenameMode::NoReplace
@@ -734,10 +866,20 @@ impl<R: Remote> Fs<R> {
             }
             return Err(err);
         }
-        self.inodes.lock().unwrap().rename(parent, name, new_parent, new_name);
+        self.inodes
+            .lock()
+            .unwrap()
+            .rename(parent, name, new_parent, new_name);
         let mut cache = self.cache.lock().unwrap();
-        cache.name_changed(parent, name);
-        cache.name_changed(new_parent, new_name);
+        cache.name_removed(new_parent, new_name);
+        match cache.name_removed(parent, name) {
+            Some(mut moved) => {
+                moved.name = new_name.to_os_string();
+                cache.name_added(new_parent, moved);
+            }
+            // We do not know what moved: the target directory's listing cannot be kept.
+            None => cache.name_changed(new_parent, new_name),
+        }
         Ok(())
     }
 
@@ -824,7 +966,10 @@ impl<R: Remote> Fs<R> {
     /// Reopen a file whose handle belongs to a lost connection.
     pub(crate) async fn reopen(&self, file: &Arc<OpenFile<R>>) -> FsResult<R::Handle> {
         let path = self.path_of(file.ino).map_err(|e| {
-            FsError::new(libc::EIO, format!("cannot reopen after reconnect: {}", e.context))
+            FsError::new(
+                libc::EIO,
+                format!("cannot reopen after reconnect: {}", e.context),
+            )
         })?;
         match self.remote.open(&path, file.flags.for_reopen(), 0).await {
             Ok(h) => {
@@ -832,7 +977,10 @@ impl<R: Remote> Fs<R> {
                 file.replace_handle(h.clone()).await;
                 Ok(h)
             }
-            Err(e) => Err(FsError::new(libc::EIO, format!("reopen {} after reconnect: {e}", path.display()))),
+            Err(e) => Err(FsError::new(
+                libc::EIO,
+                format!("reopen {} after reconnect: {e}", path.display()),
+            )),
         }
     }
 
@@ -855,15 +1003,26 @@ impl<R: Remote> Fs<R> {
             r => r.map_err(|e| remote_err(Op::Read, &e, "read")),
         }
         .inspect(|data| {
-            self.stats.bytes_read.fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.stats
+                .bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
         })
     }
 
     /// Read `size` bytes at `offset` as several server-sized requests in flight at once.
-    async fn read_chunks(&self, handle: &R::Handle, offset: u64, size: u32) -> Result<Vec<u8>, RemoteError> {
+    async fn read_chunks(
+        &self,
+        handle: &R::Handle,
+        offset: u64,
+        size: u32,
+    ) -> Result<Vec<u8>, RemoteError> {
         let max = self.remote.limits().max_read.max(4096);
         if size <= max {
-            return self.remote.read(handle, offset, size).await.map(|b| b.to_vec());
+            return self
+                .remote
+                .read(handle, offset, size)
+                .await
+                .map(|b| b.to_vec());
         }
         let mut set = tokio::task::JoinSet::new();
         let mut at = 0u32;
@@ -879,7 +1038,8 @@ impl<R: Remote> Fs<R> {
         }
         let mut parts: Vec<Option<(u32, Bytes)>> = vec![None; index];
         while let Some(joined) = set.join_next().await {
-            let (i, n, result) = joined.map_err(|e| RemoteError::Protocol(format!("read task: {e}")))?;
+            let (i, n, result) =
+                joined.map_err(|e| RemoteError::Protocol(format!("read task: {e}")))?;
             parts[i] = Some((n, result?));
         }
         let mut out = Vec::with_capacity(size as usize);
@@ -921,7 +1081,9 @@ impl<R: Remote> Fs<R> {
             let (file, rx) = queued?;
             match rx.await {
                 Ok(Ok(n)) => {
-                    this.stats.bytes_written.fetch_add(n as u64, Ordering::Relaxed);
+                    this.stats
+                        .bytes_written
+                        .fetch_add(n as u64, Ordering::Relaxed);
                     Ok(n)
                 }
                 Ok(Err(e)) => {
@@ -964,8 +1126,15 @@ impl<R: Remote> Fs<R> {
         file.stop_writer();
         self.files.lock().unwrap().remove(&fh);
         self.cache.lock().unwrap().forget_attrs(file.ino);
+        // Nobody can see an error of CLOSE (the kernel ignores release errors and flush has
+        // reported write failures), so do not make the application wait for it.
         let handle = file.handle().await;
-        let _ = self.remote.close(&handle).await;
+        let remote = self.remote.clone();
+        self.rt.spawn(async move {
+            if let Err(e) = remote.close(&handle).await {
+                tracing::debug!("close: {e}");
+            }
+        });
         drained.map_err(|e| remote_err(Op::Close, &e, "write before close"))
     }
 
@@ -1003,8 +1172,20 @@ impl<R: Remote> Fs<R> {
             })
             .collect();
         let mut items = Vec::with_capacity(listing.len() + 2);
-        items.push(DirItem { name: ".".into(), kind: FileKind::Dir, next_offset: 1, attrs: None, nlink: None });
-        items.push(DirItem { name: "..".into(), kind: FileKind::Dir, next_offset: 2, attrs: None, nlink: None });
+        items.push(DirItem {
+            name: ".".into(),
+            kind: FileKind::Dir,
+            next_offset: 1,
+            attrs: None,
+            nlink: None,
+        });
+        items.push(DirItem {
+            name: "..".into(),
+            kind: FileKind::Dir,
+            next_offset: 2,
+            attrs: None,
+            nlink: None,
+        });
         for (i, e) in listing.iter().enumerate() {
             items.push(DirItem {
                 name: e.name.clone(),
@@ -1016,7 +1197,10 @@ impl<R: Remote> Fs<R> {
         }
         self.cache.lock().unwrap().put_dir(ino, Arc::new(listing));
         let fh = self.alloc_fh();
-        self.dirs.lock().unwrap().insert(fh, Arc::new(DirHandle { ino, items }));
+        self.dirs
+            .lock()
+            .unwrap()
+            .insert(fh, Arc::new(DirHandle { ino, items }));
         Ok(fh)
     }
 
@@ -1038,13 +1222,19 @@ impl<R: Remote> Fs<R> {
         if name == "." || name == ".." {
             return parent;
         }
-        self.inodes.lock().unwrap().child(parent, name).unwrap_or(u64::MAX)
+        self.inodes
+            .lock()
+            .unwrap()
+            .child(parent, name)
+            .unwrap_or(u64::MAX)
     }
 
     /// readdirplus: the kernel takes a lookup reference for each entry it is given. With
     /// `follow_symlinks` a link's target is stat'ed, so `ls -l` agrees with `stat`.
     pub async fn readdirplus_entry(&self, parent: Ino, item: &DirItem) -> FsResult<Entry> {
-        let attrs = item.attrs.ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
+        let attrs = item
+            .attrs
+            .ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
         if attrs.file_type() == FileKind::Symlink && self.config.lock().unwrap().follow_symlinks {
             return self.lookup(parent, &item.name).await;
         }

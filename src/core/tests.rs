@@ -1,1 +1,1919 @@
-//! Unit tests of the core against the local-directory remote (being written).
+//! Unit tests of the core against the local-directory remote, with no kernel in the loop.
+//!
+//! Every test builds an `Fs<FaultyRemote<LocalRemote>>` over a fresh temporary directory and
+//! drives it exactly as the FUSE adapter (`crate::fuse`) does: lookup → inode, create/open →
+//! file handle, `write` queued synchronously then awaited, flush, release, forget, ...
+//! `LocalRemote` reports errors as coarsely as OpenSSH's sftp-server, so the errno tests
+//! exercise the core's inference, not the local disk's errno.
+//!
+//! The tests are written to find bugs: each asserts what a local disk (or the documented
+//! contract of the core) would give, not what the core happens to do.
+
+use std::ffi::{OsStr, OsString};
+use std::fmt::Debug;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::cache::CacheConfig;
+use super::inode::Ino;
+use super::{Fs, FsConfig, OpenRequest, SetattrRequest, TimeSpec, ROOT};
+use crate::error::FsResult;
+use crate::remote::faulty::{FaultPlan, FaultyRemote, Op as ROp};
+use crate::remote::local::LocalRemote;
+use crate::remote::{FileKind, Limits, RemoteError, Status};
+
+type TestFs = Fs<FaultyRemote<LocalRemote>>;
+
+/// Mode the kernel hands to create/mkdir (type bits included, as FUSE does).
+const FILE_MODE: u32 = libc::S_IFREG | 0o644;
+const DIR_MODE: u32 = libc::S_IFDIR | 0o755;
+const UMASK: u32 = 0o022;
+
+// ------------------------------------------------------------------------------ harness
+
+/// TTLs long enough that nothing expires during a test unless the test wants it to.
+fn long_ttls() -> CacheConfig {
+    CacheConfig {
+        attr_ttl: Duration::from_secs(60),
+        entry_ttl: Duration::from_secs(60),
+        negative_ttl: Duration::from_secs(60),
+        dir_ttl: Duration::from_secs(60),
+        max_entries: 65_536,
+    }
+}
+
+fn config(cache: CacheConfig) -> FsConfig {
+    FsConfig {
+        cache,
+        ..Default::default()
+    }
+}
+
+struct Harness {
+    dir: tempfile::TempDir,
+    root: PathBuf,
+    fs: Arc<TestFs>,
+    plan: Arc<FaultPlan>,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with(config(long_ttls()), None)
+    }
+
+    fn with(config: FsConfig, limits: Option<Limits>) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let local = match limits {
+            Some(l) => LocalRemote::with_limits(l),
+            None => LocalRemote::new(),
+        };
+        let remote = FaultyRemote::new(local);
+        let plan = Arc::clone(remote.plan());
+        let fs = Arc::new(Fs::new(
+            Arc::new(remote),
+            root.clone(),
+            config,
+            tokio::runtime::Handle::current(),
+        ));
+        Harness {
+            dir,
+            root,
+            fs,
+            plan,
+        }
+    }
+
+    /// Path on "the server" (the local disk), for checking or changing things behind the
+    /// core's back.
+    fn disk(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    /// Server handles still open (what sftp-server's handle table would hold).
+    fn open_handles(&self) -> usize {
+        self.fs.remote().inner().open_handles()
+    }
+
+    async fn lookup(&self, parent: Ino, name: impl AsRef<OsStr>) -> Ino {
+        let name = name.as_ref();
+        match self.fs.lookup(parent, name).await {
+            Ok(e) => e.attr.ino,
+            Err(e) => panic!("lookup {name:?} in {parent}: {e}"),
+        }
+    }
+
+    async fn create(&self, parent: Ino, name: impl AsRef<OsStr>) -> (Ino, u64) {
+        let name = name.as_ref();
+        let req = OpenRequest {
+            flags: libc::O_RDWR | libc::O_CREAT,
+        };
+        match self.fs.create(parent, name, FILE_MODE, UMASK, req).await {
+            Ok((e, fh)) => (e.attr.ino, fh),
+            Err(e) => panic!("create {name:?} in {parent}: {e}"),
+        }
+    }
+
+    async fn mkdir(&self, parent: Ino, name: &str) -> Ino {
+        match self
+            .fs
+            .mkdir(parent, OsStr::new(name), DIR_MODE, UMASK)
+            .await
+        {
+            Ok(e) => e.attr.ino,
+            Err(e) => panic!("mkdir {name:?} in {parent}: {e}"),
+        }
+    }
+
+    async fn open(&self, ino: Ino, flags: i32) -> u64 {
+        match self.fs.open(ino, OpenRequest { flags }).await {
+            Ok(fh) => fh,
+            Err(e) => panic!("open {ino} flags {flags:#o}: {e}"),
+        }
+    }
+
+    async fn write(&self, fh: u64, offset: u64, data: &[u8]) {
+        let n = self.fs.write(fh, offset, data).await.unwrap();
+        assert_eq!(
+            n as usize,
+            data.len(),
+            "write of {} bytes at {offset}",
+            data.len()
+        );
+    }
+
+    async fn read(&self, fh: u64, offset: u64, size: u32) -> Vec<u8> {
+        self.fs.read(fh, offset, size).await.unwrap()
+    }
+
+    async fn size(&self, ino: Ino, fh: Option<u64>) -> u64 {
+        self.fs.getattr(ino, fh).await.unwrap().0.size
+    }
+
+    fn meta(&self, rel: impl AsRef<Path>) -> std::fs::Metadata {
+        std::fs::symlink_metadata(self.disk(rel)).unwrap()
+    }
+}
+
+fn os(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+fn errno_name(errno: i32) -> String {
+    let name = match errno {
+        libc::ENOENT => "ENOENT",
+        libc::EEXIST => "EEXIST",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::EPERM => "EPERM",
+        libc::EACCES => "EACCES",
+        libc::EIO => "EIO",
+        libc::EROFS => "EROFS",
+        libc::EBUSY => "EBUSY",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EBADF => "EBADF",
+        libc::ENOSPC => "ENOSPC",
+        libc::EXDEV => "EXDEV",
+        _ => "?",
+    };
+    format!("{name}({errno})")
+}
+
+/// Collects mismatches so that one test reports every case it checks, not just the first.
+#[derive(Default)]
+struct Checks(Vec<String>);
+
+impl Checks {
+    fn errno<T: Debug>(&mut self, what: &str, r: FsResult<T>, want: i32) {
+        match r {
+            Err(e) if e.errno == want => {}
+            Err(e) => self.0.push(format!(
+                "{what}: got {} ({}), want {}",
+                errno_name(e.errno),
+                e.context,
+                errno_name(want)
+            )),
+            Ok(v) => self
+                .0
+                .push(format!("{what}: got Ok({v:?}), want {}", errno_name(want))),
+        }
+    }
+
+    fn check(&mut self, what: &str, ok: bool) {
+        if !ok {
+            self.0.push(what.to_owned());
+        }
+    }
+
+    #[track_caller]
+    fn finish(self) {
+        assert!(
+            self.0.is_empty(),
+            "{} check(s) failed:\n  {}",
+            self.0.len(),
+            self.0.join("\n  ")
+        );
+    }
+}
+
+#[track_caller]
+fn assert_errno<T: Debug>(r: FsResult<T>, want: i32, what: &str) {
+    let mut c = Checks::default();
+    c.errno(what, r, want);
+    c.finish();
+}
+
+fn secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn at(secs: u64) -> Option<TimeSpec> {
+    Some(TimeSpec::At(UNIX_EPOCH + Duration::from_secs(secs)))
+}
+
+/// Deterministic, non-repeating-looking content.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(7) ^ (i >> 8) ^ (i >> 16)) as u8)
+        .collect()
+}
+
+fn failure(msg: &str) -> RemoteError {
+    RemoteError::Status(Status::Failure, msg.to_owned())
+}
+
+// ------------------------------------------------------------------------------ errno inference
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_mkdir_existing_is_eexist() {
+    let h = Harness::new();
+    h.mkdir(ROOT, "d").await;
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    let mut c = Checks::default();
+    c.errno(
+        "mkdir over an existing dir",
+        h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK).await,
+        libc::EEXIST,
+    );
+    c.errno(
+        "mkdir over an existing file",
+        h.fs.mkdir(ROOT, os("f"), DIR_MODE, UMASK).await,
+        libc::EEXIST,
+    );
+    c.errno(
+        "symlink over an existing file",
+        h.fs.symlink(ROOT, os("f"), Path::new("t")).await,
+        libc::EEXIST,
+    );
+    c.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_rmdir_non_empty_is_enotempty_and_unlink_dir_is_eisdir() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    let (_, fh) = h.create(d, "inner").await;
+    h.fs.release(fh).await.unwrap();
+    h.mkdir(ROOT, "empty").await;
+    let mut c = Checks::default();
+    c.errno(
+        "rmdir non-empty",
+        h.fs.rmdir(ROOT, os("d")).await,
+        libc::ENOTEMPTY,
+    );
+    c.errno(
+        "unlink a dir",
+        h.fs.unlink(ROOT, os("d")).await,
+        libc::EISDIR,
+    );
+    c.errno(
+        "unlink an empty dir",
+        h.fs.unlink(ROOT, os("empty")).await,
+        libc::EISDIR,
+    );
+    c.errno(
+        "rmdir missing",
+        h.fs.rmdir(ROOT, os("nope")).await,
+        libc::ENOENT,
+    );
+    c.errno(
+        "unlink missing",
+        h.fs.unlink(ROOT, os("nope")).await,
+        libc::ENOENT,
+    );
+    c.finish();
+    assert!(h.disk("d/inner").exists());
+    assert!(h.disk("empty").is_dir());
+}
+
+/// rmdir(2) of a regular file is ENOTDIR; sftp-server maps ENOTDIR to NO_SUCH_FILE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_rmdir_of_a_file_is_enotdir() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    h.lookup(ROOT, "f").await;
+    assert_errno(
+        h.fs.rmdir(ROOT, os("f")).await,
+        libc::ENOTDIR,
+        "rmdir of a file",
+    );
+    assert!(h.disk("f").is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_create_excl_existing_is_eexist() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"keep").unwrap();
+    let excl = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+    };
+    assert_errno(
+        h.fs.create(ROOT, os("f"), FILE_MODE, UMASK, excl).await,
+        libc::EEXIST,
+        "create O_EXCL over an existing file",
+    );
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"keep");
+    assert_eq!(h.open_handles(), 0);
+}
+
+/// open(dir, O_CREAT|O_EXCL) is EEXIST on Linux (EISDIR is only without O_EXCL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_create_over_a_dir() {
+    let h = Harness::new();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    let mut c = Checks::default();
+    let excl = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+    };
+    c.errno(
+        "create O_EXCL over a dir",
+        h.fs.create(ROOT, os("d"), FILE_MODE, UMASK, excl).await,
+        libc::EEXIST,
+    );
+    let plain = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT,
+    };
+    c.errno(
+        "create (no O_EXCL) over a dir",
+        h.fs.create(ROOT, os("d"), FILE_MODE, UMASK, plain).await,
+        libc::EISDIR,
+    );
+    c.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_name_too_long() {
+    let h = Harness::new();
+    let long = "x".repeat(256);
+    let long = os(&long);
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let mut c = Checks::default();
+    c.errno("lookup", h.fs.lookup(ROOT, long).await, libc::ENAMETOOLONG);
+    c.errno(
+        "mkdir",
+        h.fs.mkdir(ROOT, long, DIR_MODE, UMASK).await,
+        libc::ENAMETOOLONG,
+    );
+    let req = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT,
+    };
+    c.errno(
+        "create",
+        h.fs.create(ROOT, long, FILE_MODE, UMASK, req).await,
+        libc::ENAMETOOLONG,
+    );
+    c.errno("unlink", h.fs.unlink(ROOT, long).await, libc::ENAMETOOLONG);
+    c.errno("rmdir", h.fs.rmdir(ROOT, long).await, libc::ENAMETOOLONG);
+    c.errno(
+        "symlink",
+        h.fs.symlink(ROOT, long, Path::new("f")).await,
+        libc::ENAMETOOLONG,
+    );
+    c.errno(
+        "rename to",
+        h.fs.rename(ROOT, os("f"), ROOT, long, 0).await,
+        libc::ENAMETOOLONG,
+    );
+    c.errno("link", h.fs.link(f, ROOT, long).await, libc::ENAMETOOLONG);
+    // 255 bytes is fine.
+    let max = "y".repeat(255);
+    let (_, fh) = h.create(ROOT, &max).await;
+    h.fs.release(fh).await.unwrap();
+    c.check("255-byte name exists on disk", h.disk(&max).is_file());
+    c.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_rename_dir_over_non_empty_dir_is_enotempty() {
+    let h = Harness::new();
+    h.mkdir(ROOT, "a").await;
+    let b = h.mkdir(ROOT, "b").await;
+    let (_, fh) = h.create(b, "inner").await;
+    h.fs.release(fh).await.unwrap();
+    assert_errno(
+        h.fs.rename(ROOT, os("a"), ROOT, os("b"), 0).await,
+        libc::ENOTEMPTY,
+        "rename dir over non-empty dir",
+    );
+    assert!(h.disk("a").is_dir() && h.disk("b/inner").is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_rename_file_over_dir_is_eisdir() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    assert_errno(
+        h.fs.rename(ROOT, os("f"), ROOT, os("d"), 0).await,
+        libc::EISDIR,
+        "rename file over dir",
+    );
+}
+
+/// rename(2) of a directory over a file is ENOTDIR; sftp-server maps ENOTDIR to NO_SUCH_FILE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_rename_dir_over_file_is_enotdir() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    assert_errno(
+        h.fs.rename(ROOT, os("d"), ROOT, os("f"), 0).await,
+        libc::ENOTDIR,
+        "rename dir over file",
+    );
+    assert!(h.disk("d").is_dir() && h.disk("f").is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_rename_noreplace_and_exchange() {
+    let h = Harness::new();
+    std::fs::write(h.disk("a"), b"a").unwrap();
+    std::fs::write(h.disk("b"), b"b").unwrap();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::fs::create_dir(h.disk("e")).unwrap();
+    let noreplace = libc::RENAME_NOREPLACE as u32;
+    let mut c = Checks::default();
+    c.errno(
+        "NOREPLACE file over file",
+        h.fs.rename(ROOT, os("a"), ROOT, os("b"), noreplace).await,
+        libc::EEXIST,
+    );
+    c.errno(
+        "NOREPLACE dir over empty dir",
+        h.fs.rename(ROOT, os("d"), ROOT, os("e"), noreplace).await,
+        libc::EEXIST,
+    );
+    c.errno(
+        "NOREPLACE dir over file",
+        h.fs.rename(ROOT, os("d"), ROOT, os("a"), noreplace).await,
+        libc::EEXIST,
+    );
+    c.errno(
+        "EXCHANGE",
+        h.fs.rename(ROOT, os("a"), ROOT, os("b"), libc::RENAME_EXCHANGE as u32)
+            .await,
+        libc::EINVAL,
+    );
+    c.errno(
+        "rename missing source",
+        h.fs.rename(ROOT, os("nope"), ROOT, os("x"), 0).await,
+        libc::ENOENT,
+    );
+    c.finish();
+    assert_eq!(std::fs::read(h.disk("a")).unwrap(), b"a");
+    assert_eq!(std::fs::read(h.disk("b")).unwrap(), b"b");
+    // NOREPLACE to a free name works.
+    h.fs.rename(ROOT, os("a"), ROOT, os("c"), noreplace)
+        .await
+        .unwrap();
+    assert!(!h.disk("a").exists());
+    assert_eq!(std::fs::read(h.disk("c")).unwrap(), b"a");
+}
+
+/// link(2) of a directory is EPERM; sftp-server maps EPERM to PERMISSION_DENIED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_link_of_a_dir_is_eperm() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    assert_errno(
+        h.fs.link(d, ROOT, os("d2")).await,
+        libc::EPERM,
+        "link of a dir",
+    );
+    assert!(!h.disk("d2").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_link_over_existing_is_eexist_and_link_works() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"data").unwrap();
+    std::fs::write(h.disk("g"), b"other").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    assert_errno(
+        h.fs.link(f, ROOT, os("g")).await,
+        libc::EEXIST,
+        "link over existing",
+    );
+    let e = h.fs.link(f, ROOT, os("f2")).await.unwrap();
+    assert_eq!(e.attr.size, 4);
+    assert_eq!(h.meta("f").ino(), h.meta("f2").ino());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_lookup_of_missing_is_enoent() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    assert_errno(
+        h.fs.lookup(ROOT, os("missing")).await,
+        libc::ENOENT,
+        "lookup missing",
+    );
+    assert_errno(
+        h.fs.lookup(d, os("missing")).await,
+        libc::ENOENT,
+        "lookup missing in d",
+    );
+    assert_errno(
+        h.fs.getattr(12345, None).await,
+        libc::ENOENT,
+        "getattr of unknown ino",
+    );
+}
+
+/// A directory the kernel knows was replaced by a file on the server: operations in it get
+/// ENOTDIR (a path component is not a directory), which the core infers from NO_SUCH_FILE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_component_that_is_a_file_is_enotdir() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    std::fs::remove_dir(h.disk("d")).unwrap();
+    std::fs::write(h.disk("d"), b"now a file").unwrap();
+    let mut c = Checks::default();
+    c.errno(
+        "mkdir in it",
+        h.fs.mkdir(d, os("x"), DIR_MODE, UMASK).await,
+        libc::ENOTDIR,
+    );
+    let req = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT,
+    };
+    c.errno(
+        "create in it",
+        h.fs.create(d, os("x"), FILE_MODE, UMASK, req).await,
+        libc::ENOTDIR,
+    );
+    c.errno("unlink in it", h.fs.unlink(d, os("x")).await, libc::ENOTDIR);
+    c.errno("rmdir in it", h.fs.rmdir(d, os("x")).await, libc::ENOTDIR);
+    c.errno(
+        "symlink in it",
+        h.fs.symlink(d, os("x"), Path::new("t")).await,
+        libc::ENOTDIR,
+    );
+    c.errno(
+        "rename into it",
+        h.fs.rename(ROOT, os("f"), d, os("x"), 0).await,
+        libc::ENOTDIR,
+    );
+    c.finish();
+    assert!(h.disk("f").is_file());
+}
+
+/// The directory itself was replaced by a file: listing it is ENOTDIR, like opendir(3) on a
+/// file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errno_opendir_of_dir_replaced_by_file_is_enotdir() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    std::fs::remove_dir(h.disk("d")).unwrap();
+    std::fs::write(h.disk("d"), b"now a file").unwrap();
+    assert_errno(h.fs.opendir(d).await, libc::ENOTDIR, "opendir of a file");
+}
+
+// ------------------------------------------------------------------------------ caching
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_changes_through_the_core_are_visible_at_once() {
+    let h = Harness::new();
+    // Prime every cache: a listing of the root and a negative entry.
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    h.fs.releasedir(dh);
+    assert_errno(
+        h.fs.lookup(ROOT, os("n")).await,
+        libc::ENOENT,
+        "lookup before create",
+    );
+
+    // create, then lookup
+    let (n, fh) = h.create(ROOT, "n").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.lookup(ROOT, "n").await, n, "create then lookup");
+    let d = h.mkdir(ROOT, "sub").await;
+    assert_eq!(h.lookup(ROOT, "sub").await, d, "mkdir then lookup");
+
+    // unlink, then lookup, with a fresh listing that still has the name
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    h.fs.releasedir(dh);
+    h.fs.unlink(ROOT, os("n")).await.unwrap();
+    assert_errno(
+        h.fs.lookup(ROOT, os("n")).await,
+        libc::ENOENT,
+        "unlink then lookup",
+    );
+    h.fs.rmdir(ROOT, os("sub")).await.unwrap();
+    assert_errno(
+        h.fs.lookup(ROOT, os("sub")).await,
+        libc::ENOENT,
+        "rmdir then lookup",
+    );
+
+    // rename, with a cached listing of both directories
+    std::fs::create_dir(h.disk("to")).unwrap();
+    std::fs::write(h.disk("from"), b"moving").unwrap();
+    let to = h.lookup(ROOT, "to").await;
+    let moving = h.lookup(ROOT, "from").await;
+    for dir in [ROOT, to] {
+        let dh = h.fs.opendir(dir).await.unwrap();
+        h.fs.releasedir(dh);
+    }
+    assert_errno(
+        h.fs.lookup(to, os("moved")).await,
+        libc::ENOENT,
+        "before rename",
+    );
+    h.fs.rename(ROOT, os("from"), to, os("moved"), 0)
+        .await
+        .unwrap();
+    assert_errno(
+        h.fs.lookup(ROOT, os("from")).await,
+        libc::ENOENT,
+        "old name after rename",
+    );
+    assert_eq!(
+        h.lookup(to, "moved").await,
+        moving,
+        "renamed keeps its inode"
+    );
+    assert_eq!(h.size(moving, None).await, 6);
+    // Its path follows: open by inode works.
+    let fh = h.open(moving, libc::O_RDONLY).await;
+    assert_eq!(h.read(fh, 0, 100).await, b"moving");
+    h.fs.release(fh).await.unwrap();
+
+    // setattr size, then getattr (the attr cache held the old size)
+    assert_eq!(h.size(moving, None).await, 6);
+    let a =
+        h.fs.setattr(
+            moving,
+            None,
+            SetattrRequest {
+                size: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.size, 2);
+    assert_eq!(h.size(moving, None).await, 2, "setattr size then getattr");
+    assert_eq!(h.meta("to/moved").len(), 2);
+    assert_eq!(h.open_handles(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_getattr_within_ttl_stays_local_and_after_ttl_asks() {
+    let ttl = Duration::from_millis(400);
+    let h = Harness::with(
+        config(CacheConfig {
+            attr_ttl: ttl,
+            ..long_ttls()
+        }),
+        None,
+    );
+    std::fs::write(h.disk("f"), b"12345").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let before = h.plan.calls(ROp::Lstat);
+    assert_eq!(h.size(f, None).await, 5);
+    assert_eq!(h.size(f, None).await, 5);
+    assert_eq!(
+        h.plan.calls(ROp::Lstat),
+        before,
+        "getattr within the TTL reached the server"
+    );
+    // A change behind the core's back is not seen within the TTL ...
+    std::fs::write(h.disk("f"), b"1234567890").unwrap();
+    assert_eq!(h.size(f, None).await, 5);
+    // ... and is after it.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    assert_eq!(
+        h.size(f, None).await,
+        10,
+        "server-side change after the TTL"
+    );
+    assert!(
+        h.plan.calls(ROp::Lstat) > before,
+        "getattr after the TTL did not ask"
+    );
+    let asked = h.plan.calls(ROp::Lstat);
+    assert_eq!(h.size(f, None).await, 10);
+    assert_eq!(
+        h.plan.calls(ROp::Lstat),
+        asked,
+        "the fresh answer was not cached"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_negative_lookups() {
+    let ttl = Duration::from_millis(400);
+    let h = Harness::with(
+        config(CacheConfig {
+            negative_ttl: ttl,
+            ..long_ttls()
+        }),
+        None,
+    );
+    assert_errno(h.fs.lookup(ROOT, os("ghost")).await, libc::ENOENT, "first");
+    let asked = h.plan.calls(ROp::Lstat);
+    assert_errno(h.fs.lookup(ROOT, os("ghost")).await, libc::ENOENT, "second");
+    assert_eq!(h.plan.calls(ROp::Lstat), asked, "negative entry not used");
+    // Created on the server: still cached as missing within the TTL, found after it.
+    std::fs::write(h.disk("ghost"), b"boo").unwrap();
+    assert_errno(
+        h.fs.lookup(ROOT, os("ghost")).await,
+        libc::ENOENT,
+        "within TTL",
+    );
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let e = h.fs.lookup(ROOT, os("ghost")).await.unwrap();
+    assert_eq!(e.attr.size, 3, "server-side create after the negative TTL");
+    // Through the core a negative entry is dropped at once.
+    assert_errno(
+        h.fs.lookup(ROOT, os("dir")).await,
+        libc::ENOENT,
+        "before mkdir",
+    );
+    h.mkdir(ROOT, "dir").await;
+    h.lookup(ROOT, "dir").await;
+    assert_errno(
+        h.fs.lookup(ROOT, os("link")).await,
+        libc::ENOENT,
+        "before symlink",
+    );
+    h.fs.symlink(ROOT, os("link"), Path::new("ghost"))
+        .await
+        .unwrap();
+    h.lookup(ROOT, "link").await;
+    assert_errno(
+        h.fs.lookup(ROOT, os("hard")).await,
+        libc::ENOENT,
+        "before link",
+    );
+    h.fs.link(e.attr.ino, ROOT, os("hard")).await.unwrap();
+    h.lookup(ROOT, "hard").await;
+    assert_errno(
+        h.fs.lookup(ROOT, os("renamed")).await,
+        libc::ENOENT,
+        "before rename",
+    );
+    h.fs.rename(ROOT, os("hard"), ROOT, os("renamed"), 0)
+        .await
+        .unwrap();
+    h.lookup(ROOT, "renamed").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_listing_answers_lookups_then_expires() {
+    let ttl = Duration::from_millis(400);
+    let h = Harness::with(
+        config(CacheConfig {
+            dir_ttl: ttl,
+            ..long_ttls()
+        }),
+        None,
+    );
+    for i in 0..20 {
+        std::fs::write(h.disk(format!("f{i}")), vec![b'x'; i]).unwrap();
+    }
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    h.fs.releasedir(dh);
+    h.plan.reset_counts();
+    for i in 0..20 {
+        let e = h.fs.lookup(ROOT, os(&format!("f{i}"))).await.unwrap();
+        assert_eq!(e.attr.size, i as u64);
+        assert_eq!(e.attr.kind, FileKind::File);
+    }
+    assert_errno(
+        h.fs.lookup(ROOT, os("absent")).await,
+        libc::ENOENT,
+        "not in listing",
+    );
+    assert_eq!(
+        h.plan.total_calls(),
+        0,
+        "lookups in a freshly listed directory reached the server: {:?}",
+        h.plan.call_counts()
+    );
+    // Server-side delete and create show after the listing expires.
+    std::fs::remove_file(h.disk("f3")).unwrap();
+    std::fs::write(h.disk("absent"), b"").unwrap();
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    assert_errno(
+        h.fs.lookup(ROOT, os("f3")).await,
+        libc::ENOENT,
+        "deleted on server",
+    );
+    h.lookup(ROOT, "absent").await;
+}
+
+/// An entry answered from a directory listing taken before a write through the core must not
+/// show the size from before the write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_write_then_lookup_with_a_cached_listing() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    let dh = h.fs.opendir(ROOT).await.unwrap(); // `ls` after the create: f is empty
+    h.fs.releasedir(dh);
+    h.write(fh, 0, b"hello").await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").len(), 5);
+    let mut c = Checks::default();
+    let e = h.fs.lookup(ROOT, os("f")).await.unwrap();
+    c.check(
+        &format!("lookup after write: size {} (want 5)", e.attr.size),
+        e.attr.size == 5,
+    );
+    let size = h.size(f, None).await;
+    c.check(
+        &format!("getattr after that lookup: size {size} (want 5)"),
+        size == 5,
+    );
+    c.finish();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_setattr_then_lookup_with_a_cached_listing() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"hello").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    h.fs.releasedir(dh);
+    let set = SetattrRequest {
+        size: Some(2),
+        mode: Some(libc::S_IFREG | 0o600),
+        ..Default::default()
+    };
+    h.fs.setattr(f, None, set).await.unwrap();
+    let mut c = Checks::default();
+    let e = h.fs.lookup(ROOT, os("f")).await.unwrap();
+    c.check(
+        &format!("lookup after truncate: size {} (want 2)", e.attr.size),
+        e.attr.size == 2,
+    );
+    c.check(
+        &format!("lookup after chmod: perm {:o} (want 600)", e.attr.perm),
+        e.attr.perm == 0o600,
+    );
+    let a = h.fs.getattr(f, None).await.unwrap().0;
+    c.check(
+        &format!("getattr after that lookup: size {} (want 2)", a.size),
+        a.size == 2,
+    );
+    c.finish();
+}
+
+/// A lookup that runs while a write is in flight caches the size from before the write; once
+/// the write is acknowledged, getattr must not serve that stale size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_lookup_racing_a_write_does_not_poison_the_attr_cache() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_millis(300)));
+    let write = tokio::spawn(h.fs.write(fh, 0, &[b'x'; 100]));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Another process stats the file by name while the write is on its way.
+    h.fs.lookup(ROOT, os("f")).await.unwrap();
+    assert_eq!(write.await.unwrap().unwrap(), 100);
+    // The write has been acknowledged to the application.
+    let size = h.size(f, None).await;
+    assert_eq!(
+        size, 100,
+        "getattr after an acknowledged write shows the old size"
+    );
+    h.plan.clear_all();
+    h.fs.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_memory_is_bounded() {
+    const MAX: usize = 100;
+    let h = Harness::with(
+        config(CacheConfig {
+            max_entries: MAX,
+            ..long_ttls()
+        }),
+        None,
+    );
+    // The MetaCache bound: attrs + negative at max_entries each, listings at
+    // max(max_entries / 64, 16), symlink targets at max_entries / 4.
+    let bound = MAX + MAX + (MAX / 64).max(16) + MAX / 4;
+    for i in 0..5_000 {
+        std::fs::write(h.disk(format!("f{i}")), b"").unwrap();
+    }
+    let mut found = Vec::new();
+    for i in 0..10_000 {
+        if i % 2 == 0 {
+            found.push(h.lookup(ROOT, format!("f{}", i / 2)).await);
+        } else {
+            assert_errno(
+                h.fs.lookup(ROOT, os(&format!("missing{i}"))).await,
+                libc::ENOENT,
+                "missing",
+            );
+        }
+        if i % 500 == 0 {
+            let len = h.fs.cache.lock().unwrap().len();
+            assert!(
+                len <= bound,
+                "cache holds {len} entries after {i} lookups (bound {bound})"
+            );
+        }
+    }
+    let len = h.fs.cache.lock().unwrap().len();
+    assert!(len <= bound, "cache holds {len} entries (bound {bound})");
+    // The inode table follows the kernel's references, not the cache bound...
+    assert_eq!(h.fs.inode_count(), 1 + 5_000);
+    // ...and empties when the kernel forgets them.
+    for ino in found {
+        h.fs.forget(ino, 1);
+    }
+    assert_eq!(h.fs.inode_count(), 1);
+    assert!(h.fs.cache.lock().unwrap().len() <= bound);
+}
+
+// ------------------------------------------------------------------------------ write-behind
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_many_writes_then_flush_are_all_on_disk_in_order() {
+    let h = Harness::with(
+        config(long_ttls()),
+        Some(Limits {
+            max_read: 16 * 1024,
+            max_write: 4096,
+            max_open_handles: 64,
+        }),
+    );
+    let (f, fh) = h.create(ROOT, "f").await;
+    let mut model = Vec::new();
+    let mut pending = Vec::new();
+    for i in 0..400usize {
+        // Mostly sequential appends of odd sizes (some over max_write), with overwrites of
+        // earlier ranges mixed in.
+        let (offset, len) = if i % 7 == 3 && model.len() > 100 {
+            (model.len() / 3 + i, 50 + i % 13)
+        } else {
+            (model.len(), 1 + (i * 37) % 9000)
+        };
+        let data: Vec<u8> = (0..len).map(|j| (i + j) as u8).collect();
+        if model.len() < offset + len {
+            model.resize(offset + len, 0);
+        }
+        model[offset..offset + len].copy_from_slice(&data);
+        // Queued in order, as the FUSE thread does; answered later.
+        pending.push(h.fs.write(fh, offset as u64, &data));
+    }
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(
+        std::fs::read(h.disk("f")).unwrap(),
+        model,
+        "disk after flush"
+    );
+    for p in pending {
+        p.await.unwrap();
+    }
+    assert_eq!(h.size(f, Some(fh)).await, model.len() as u64);
+    assert_eq!(h.read(fh, 0, model.len() as u32 + 10).await, model);
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_overlapping_writes_keep_their_order() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_millis(100)));
+    let a = h.fs.write(fh, 0, b"AAAA");
+    let b = h.fs.write(fh, 0, b"BB");
+    let (a, b) = tokio::join!(a, b);
+    assert_eq!((a.unwrap(), b.unwrap()), (4, 2));
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"BBAA");
+    // Many overlapping writes, each one byte longer at offset 0, last one shortest.
+    let mut futs = Vec::new();
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_millis(5)));
+    for i in (1..=20u8).rev() {
+        futs.push(h.fs.write(fh, 0, &vec![b'a' + i; i as usize]));
+    }
+    h.fs.flush(fh).await.unwrap();
+    let want: Vec<u8> = (1..=20u8).map(|i| b'a' + i).collect();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), want);
+    for f in futs {
+        f.await.unwrap();
+    }
+    h.plan.clear_all();
+    assert_eq!(h.read(fh, 0, 100).await, want);
+    h.fs.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_write_failure_is_reported_by_the_next_flush() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"good").await;
+    h.fs.flush(fh).await.unwrap();
+
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    // The application may be told at once or at the next flush; it must be told.
+    let first = h.fs.write(fh, 4, b"lost").await;
+    let flushed = h.fs.flush(fh).await;
+    assert!(
+        first.is_err() || flushed.is_err(),
+        "a failed write was acknowledged and the flush after it succeeded"
+    );
+    if let Err(e) = flushed {
+        assert_eq!(e.errno, libc::EIO, "flush after a failed write: {e}");
+    }
+    // Reported once (like errseq); the file is usable again afterwards.
+    h.write(fh, 4, b"more").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"goodmore");
+
+    // A failure followed by more writes: every later write is refused and flush reports.
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    let _ = h.fs.write(fh, 8, b"1111").await;
+    let w2 = h.fs.write(fh, 12, b"2222").await;
+    assert!(
+        w2.is_err(),
+        "a write queued after a latched failure was acknowledged"
+    );
+    assert!(h.fs.flush(fh).await.is_err(), "flush after a failed write");
+
+    // fsync reports it too.
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    let w = h.fs.write(fh, 16, b"3333").await;
+    assert!(
+        w.is_err() || h.fs.fsync(fh).await.is_err(),
+        "fsync after a failed write"
+    );
+
+    // And release does, when the application never called flush.
+    h.fs.flush(fh).await.ok();
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    let w = h.fs.write(fh, 20, b"4444").await;
+    let released = h.fs.release(fh).await;
+    assert!(
+        w.is_err() || released.is_err(),
+        "release after a failed write"
+    );
+    assert_eq!(h.open_handles(), 0);
+}
+
+/// A write whose reply is lost (performed, then the error) is reported too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_failure_of_a_performed_write_is_reported() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan
+        .fail_next_after_performing(ROp::Write, 1, failure("reply lost"));
+    let w = h.fs.write(fh, 0, b"abc").await;
+    let flushed = h.fs.flush(fh).await;
+    assert!(
+        w.is_err() || flushed.is_err(),
+        "lost write reply went unreported"
+    );
+    h.fs.release(fh).await.ok();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_getattr_during_in_flight_writes_shows_the_written_size() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_millis(150)));
+    let w1 = tokio::spawn(h.fs.write(fh, 0, &[1; 100]));
+    let w2 = tokio::spawn(h.fs.write(fh, 100, &[2; 50]));
+    assert_eq!(h.size(f, Some(fh)).await, 150, "getattr with the handle");
+    let w3 = tokio::spawn(h.fs.write(fh, 150, &[3; 10]));
+    assert_eq!(h.size(f, None).await, 160, "getattr without the handle");
+    for w in [w1, w2, w3] {
+        w.await.unwrap().unwrap();
+    }
+    assert_eq!(h.size(f, None).await, 160);
+    h.plan.clear_all();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").len(), 160);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_o_append() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"hello").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let fh = h.open(f, libc::O_WRONLY | libc::O_APPEND).await;
+    // The kernel passes its idea of the size; the server appends whatever the offset.
+    h.write(fh, 5, b"XY").await;
+    h.write(fh, 0, b"ZZ").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"helloXYZZ");
+    assert_eq!(h.size(f, Some(fh)).await, 9);
+    assert_eq!(h.size(f, None).await, 9);
+    h.fs.release(fh).await.unwrap();
+    // create with O_APPEND on an existing name
+    let req = OpenRequest {
+        flags: libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
+    };
+    let (_, fh) =
+        h.fs.create(ROOT, os("f"), FILE_MODE, UMASK, req)
+            .await
+            .unwrap();
+    h.write(fh, 9, b"!").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"helloXYZZ!");
+    assert_eq!(h.open_handles(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_sparse_write_zero_fills() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 10, b"X").await;
+    assert_eq!(h.size(f, Some(fh)).await, 11);
+    let mut want = vec![0u8; 10];
+    want.push(b'X');
+    assert_eq!(h.read(fh, 0, 100).await, want);
+    h.write(fh, 1 << 20, b"end").await;
+    h.fs.flush(fh).await.unwrap();
+    let disk = std::fs::read(h.disk("f")).unwrap();
+    assert_eq!(disk.len(), (1 << 20) + 3);
+    assert!(disk[11..1 << 20].iter().all(|&b| b == 0));
+    assert_eq!(&disk[..11], &want[..]);
+    assert_eq!(h.size(f, None).await, (1 << 20) + 3);
+    h.fs.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_open_then_unlink() {
+    let h = Harness::new();
+    let baseline = h.fs.inode_count();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"hello").await;
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert!(!h.disk("f").exists());
+    assert_errno(
+        h.fs.lookup(ROOT, os("f")).await,
+        libc::ENOENT,
+        "lookup after unlink",
+    );
+    // fstat(2) reaches the core without a handle.
+    assert_eq!(
+        h.size(f, None).await,
+        5,
+        "getattr without fh on unlinked-open"
+    );
+    assert_eq!(
+        h.size(f, Some(fh)).await,
+        5,
+        "getattr with fh on unlinked-open"
+    );
+    assert_eq!(h.read(fh, 0, 100).await, b"hello");
+    h.write(fh, 5, b" world").await;
+    assert_eq!(h.read(fh, 0, 100).await, b"hello world");
+    h.fs.flush(fh).await.unwrap();
+    let a =
+        h.fs.setattr(
+            f,
+            None,
+            SetattrRequest {
+                size: Some(5),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.size, 5, "ftruncate of unlinked-open");
+    assert_eq!(h.read(fh, 0, 100).await, b"hello");
+    // A new file of the same name is a new inode, and the old one still reads its own data.
+    let (g, gfh) = h.create(ROOT, "f").await;
+    assert_ne!(f, g);
+    h.write(gfh, 0, b"new").await;
+    h.fs.release(gfh).await.unwrap();
+    assert_eq!(h.read(fh, 0, 100).await, b"hello");
+    h.fs.release(fh).await.unwrap();
+    h.fs.forget(f, 1);
+    h.fs.forget(g, 1);
+    assert_eq!(h.fs.inode_count(), baseline);
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"new");
+    assert_eq!(h.open_handles(), 0);
+}
+
+/// futimens(fd, {atime, UTIME_OMIT}) on a file that was unlinked while open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_partial_utimens_on_an_unlinked_open_file() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    let set = SetattrRequest {
+        atime: at(1_000_000),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(f, Some(fh), set).await;
+    h.fs.release(fh).await.unwrap();
+    let a = a.expect("setattr of atime only through the handle of an unlinked file");
+    assert_eq!(secs(a.atime), 1_000_000);
+}
+
+// ------------------------------------------------------------------------------ reconnect
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_read_on_an_old_handle_reopens() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"hello world").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let fh = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(h.read(fh, 0, 5).await, b"hello");
+    h.plan.disconnect();
+    assert_errno(
+        h.fs.read(fh, 0, 5).await,
+        libc::EIO,
+        "read while disconnected",
+    );
+    h.plan.restore();
+    assert_eq!(
+        h.read(fh, 6, 5).await,
+        b"world",
+        "read on the old fh after reconnect"
+    );
+    assert_eq!(h.read(fh, 0, 100).await, b"hello world");
+    assert_eq!(h.size(f, Some(fh)).await, 11);
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles(), 0, "server handles leaked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_write_in_flight_at_disconnect_is_reported_at_flush() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"one").await;
+    h.fs.flush(fh).await.unwrap();
+    // The server performs the write, then the connection drops before its answer.
+    h.plan.disconnect_after_next(ROp::Write);
+    let w = h.fs.write(fh, 3, b"two").await;
+    // close(2) before the connection is back (flush waits for the lost answer).
+    let flushed = h.fs.flush(fh).await;
+    assert!(h.plan.is_disconnected());
+    h.plan.restore();
+    assert!(
+        w.is_err() || flushed.is_err(),
+        "a write whose answer was lost in a disconnect was reported as done"
+    );
+    if let Err(e) = &flushed {
+        assert_eq!(e.errno, libc::EIO, "{e}");
+    }
+    // Writes after the reconnect go through a reopened handle.
+    h.write(fh, 6, b"three").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"onetwothree");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles(), 0, "server handles leaked");
+}
+
+/// A write still waiting to be sent when the connection drops (and that was therefore never
+/// sent) goes out on the new connection; nothing is lost and nothing need be reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_write_queued_across_a_reconnect_lands() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_millis(200)));
+    let w = tokio::spawn(h.fs.write(fh, 0, b"data"));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.plan.disconnect();
+    h.plan.restore();
+    let w = w.await.unwrap();
+    let flushed = h.fs.flush(fh).await;
+    h.plan.clear_all();
+    let disk = std::fs::read(h.disk("f")).unwrap();
+    // Either it landed, or its loss was reported: never acknowledged and missing.
+    assert!(
+        disk == b"data" || w.is_err() || flushed.is_err(),
+        "write acknowledged, flush ok, disk has {disk:?}"
+    );
+    h.fs.release(fh).await.ok();
+    assert_eq!(h.open_handles(), 0, "server handles leaked");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_write_on_an_old_handle_with_nothing_in_flight() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"before").await;
+    h.fs.flush(fh).await.unwrap();
+    h.plan.disconnect();
+    h.plan.restore();
+    h.write(fh, 6, b"+after").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"before+after");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles(), 0, "server handles leaked");
+}
+
+/// Two requests on the same old handle after a reconnect both find it stale and both reopen;
+/// only one of the new server handles can be kept, the other must be closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_concurrent_reopens_do_not_leak_server_handles() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"0123456789").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let fh = h.open(f, libc::O_RDONLY).await;
+    h.plan.disconnect();
+    h.plan.restore();
+    // Keep both reopens in flight at once.
+    h.plan
+        .set_op_delay(ROp::Open, Some(Duration::from_millis(150)));
+    let (fs1, fs2) = (h.fs.clone(), h.fs.clone());
+    let r1 = tokio::spawn(async move { fs1.read(fh, 0, 5).await });
+    let r2 = tokio::spawn(async move { fs2.read(fh, 5, 5).await });
+    assert_eq!(r1.await.unwrap().unwrap(), b"01234");
+    assert_eq!(r2.await.unwrap().unwrap(), b"56789");
+    h.plan.clear_all();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(
+        h.open_handles(),
+        0,
+        "server handles leaked after concurrent reopens"
+    );
+}
+
+/// fsync after a reconnect, with every write answered before the drop: nothing was lost, so
+/// nothing to report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_fsync_on_an_old_handle() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"safe").await;
+    h.fs.fsync(fh).await.unwrap();
+    h.plan.disconnect();
+    h.plan.restore();
+    let r = h.fs.fsync(fh).await;
+    h.fs.release(fh).await.ok();
+    r.expect("fsync on an old handle after a reconnect, nothing in flight");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_setattr_and_getattr_on_an_old_handle() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"0123456789").await;
+    h.fs.flush(fh).await.unwrap();
+    h.plan.disconnect();
+    h.plan.restore();
+    let set = SetattrRequest {
+        size: Some(4),
+        ..Default::default()
+    };
+    assert_eq!(h.fs.setattr(f, Some(fh), set).await.unwrap().size, 4);
+    assert_eq!(h.size(f, Some(fh)).await, 4);
+    assert_eq!(h.meta("f").len(), 4);
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles(), 0);
+}
+
+// ------------------------------------------------------------------------------ readdir
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdir_lists_everything_with_kinds_and_resumable_offsets() {
+    let h = Harness::new();
+    std::fs::write(h.disk("file"), b"abc").unwrap();
+    std::fs::create_dir(h.disk("dir")).unwrap();
+    std::os::unix::fs::symlink("file", h.disk("link")).unwrap();
+    let fifo = std::ffi::CString::new(h.disk("fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    for i in 0..50 {
+        std::fs::write(h.disk(format!("n{i:02}")), b"").unwrap();
+    }
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    assert_eq!(h.fs.dir_ino(dh), Some(ROOT));
+    let all = h.fs.readdir(dh, 0).unwrap();
+    assert_eq!(all.len(), 2 + 4 + 50);
+    assert_eq!(all[0].name, ".");
+    assert_eq!(all[1].name, "..");
+    assert_eq!((all[0].kind, all[1].kind), (FileKind::Dir, FileKind::Dir));
+    for (i, item) in all.iter().enumerate() {
+        assert_eq!(item.next_offset, i as u64 + 1, "offset of {:?}", item.name);
+    }
+    let kind_of = |name: &str| all.iter().find(|i| i.name == name).map(|i| i.kind);
+    assert_eq!(kind_of("file"), Some(FileKind::File));
+    assert_eq!(kind_of("dir"), Some(FileKind::Dir));
+    assert_eq!(kind_of("link"), Some(FileKind::Symlink));
+    assert_eq!(kind_of("fifo"), Some(FileKind::Fifo));
+    let mut names: Vec<OsString> = all[2..].iter().map(|i| i.name.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 54, "duplicates in the listing");
+    // Resuming at every cookie gives exactly the rest.
+    for k in 0..=all.len() {
+        let rest = h.fs.readdir(dh, k as u64).unwrap();
+        let want: Vec<&OsString> = all[k..].iter().map(|i| &i.name).collect();
+        let got: Vec<&OsString> = rest.iter().map(|i| &i.name).collect();
+        assert_eq!(got, want, "resume at {k}");
+    }
+    // The kernel resumes at the last next_offset it accepted.
+    let third = all[3].next_offset;
+    assert_eq!(h.fs.readdir(dh, third).unwrap()[0].name, all[4].name);
+    assert!(h.fs.readdir(dh, 1_000).unwrap().is_empty());
+    // Plain readdir creates no inodes.
+    assert_eq!(h.fs.inode_count(), 1);
+    assert_eq!(h.fs.peek_ino(ROOT, os(".")), ROOT);
+    h.fs.releasedir(dh);
+    assert_errno(h.fs.readdir(dh, 0), libc::EBADF, "readdir after releasedir");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdir_non_utf8_names_are_byte_exact() {
+    let h = Harness::new();
+    let on_server = OsStr::from_bytes(b"caf\xe9-\xff\xfe.txt");
+    std::fs::write(h.disk(on_server), b"latin1").unwrap();
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let items = h.fs.readdir(dh, 0).unwrap();
+    h.fs.releasedir(dh);
+    let names: Vec<&OsStr> = items.iter().map(|i| i.name.as_os_str()).collect();
+    assert!(
+        names.iter().any(|n| n.as_bytes() == on_server.as_bytes()),
+        "listing: {names:?}"
+    );
+    let e = h.fs.lookup(ROOT, on_server).await.unwrap();
+    assert_eq!(e.attr.size, 6);
+    let fh = h.open(e.attr.ino, libc::O_RDONLY).await;
+    assert_eq!(h.read(fh, 0, 10).await, b"latin1");
+    h.fs.release(fh).await.unwrap();
+    // And the other way: a name made through the core arrives byte-exact.
+    let from_kernel = OsStr::from_bytes(b"\x80\x81 new");
+    let (_, fh) = h.create(ROOT, from_kernel).await;
+    h.fs.release(fh).await.unwrap();
+    let on_disk: Vec<OsString> = std::fs::read_dir(h.disk(""))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(on_disk
+        .iter()
+        .any(|n| n.as_bytes() == from_kernel.as_bytes()));
+    h.fs.rename(ROOT, from_kernel, ROOT, os("renamed"), 0)
+        .await
+        .unwrap();
+    assert!(h.disk("renamed").is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdirplus_entries_and_forget_bookkeeping() {
+    let h = Harness::new();
+    std::fs::write(h.disk("a"), b"1").unwrap();
+    std::fs::write(h.disk("b"), b"22").unwrap();
+    std::fs::create_dir(h.disk("c")).unwrap();
+    std::os::unix::fs::symlink("a", h.disk("d")).unwrap();
+    let baseline = h.fs.inode_count();
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let items = h.fs.readdir(dh, 0).unwrap();
+    h.plan.reset_counts();
+    let mut taken = Vec::new();
+    // Two passes (e.g. two `ls -l`): the same inodes, counted twice.
+    for pass in 0..2 {
+        for item in items.iter().filter(|i| i.attrs.is_some()) {
+            let e = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
+            assert_eq!(e.attr.kind, item.kind);
+            let name = item.name.to_str().unwrap();
+            match name {
+                "a" => assert_eq!(e.attr.size, 1),
+                "b" => assert_eq!(e.attr.size, 2),
+                _ => {}
+            }
+            if pass == 0 {
+                assert_eq!(h.fs.peek_ino(ROOT, &item.name), e.attr.ino);
+            } else {
+                assert!(
+                    taken.contains(&e.attr.ino),
+                    "second pass gave a new inode for {name}"
+                );
+            }
+            taken.push(e.attr.ino);
+        }
+    }
+    assert_eq!(
+        h.plan.total_calls(),
+        0,
+        "readdirplus entries reached the server"
+    );
+    assert_eq!(h.fs.inode_count(), baseline + 4);
+    // lookup of a listed name agrees.
+    let a = h.lookup(ROOT, "a").await;
+    assert!(taken.contains(&a));
+    taken.push(a);
+    for ino in &taken {
+        h.fs.forget(*ino, 1);
+    }
+    assert_eq!(
+        h.fs.inode_count(),
+        baseline,
+        "inodes left after every reference was forgotten"
+    );
+    assert_eq!(h.fs.peek_ino(ROOT, os("a")), u64::MAX);
+    h.fs.releasedir(dh);
+    // Forgetting in one batch works as well.
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let items = h.fs.readdir(dh, 0).unwrap();
+    h.fs.releasedir(dh);
+    let b = items.iter().find(|i| i.name == "b").unwrap();
+    let ino = h.fs.readdirplus_entry(ROOT, b).await.unwrap().attr.ino;
+    assert_eq!(h.fs.readdirplus_entry(ROOT, b).await.unwrap().attr.ino, ino);
+    assert_eq!(h.lookup(ROOT, "b").await, ino);
+    h.fs.forget(ino, 3);
+    assert_eq!(h.fs.inode_count(), baseline);
+}
+
+// ------------------------------------------------------------------------------ setattr
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setattr_partial_utimens_does_not_clobber_the_other_time() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let both = SetattrRequest {
+        atime: at(1_000_000),
+        mtime: at(1_500_000),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(f, None, both).await.unwrap();
+    assert_eq!((secs(a.atime), secs(a.mtime)), (1_000_000, 1_500_000));
+    let only_atime = SetattrRequest {
+        atime: at(2_000_000),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(f, None, only_atime).await.unwrap();
+    let m = h.meta("f");
+    assert_eq!(
+        (m.atime(), m.mtime()),
+        (2_000_000, 1_500_000),
+        "atime-only on disk"
+    );
+    assert_eq!(
+        (secs(a.atime), secs(a.mtime)),
+        (2_000_000, 1_500_000),
+        "atime-only reply"
+    );
+    let only_mtime = SetattrRequest {
+        mtime: at(1_700_000),
+        ..Default::default()
+    };
+    h.fs.setattr(f, None, only_mtime).await.unwrap();
+    let m = h.meta("f");
+    assert_eq!(
+        (m.atime(), m.mtime()),
+        (2_000_000, 1_700_000),
+        "mtime-only on disk"
+    );
+    // Through a handle as well (futimens), with the attr cache holding the old times.
+    let fh = h.open(f, libc::O_WRONLY).await;
+    h.fs.getattr(f, Some(fh)).await.unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(h.disk("f"))
+        .unwrap()
+        .set_modified(UNIX_EPOCH + Duration::from_secs(1_800_000))
+        .unwrap();
+    let a =
+        h.fs.setattr(
+            f,
+            Some(fh),
+            SetattrRequest {
+                atime: at(2_500_000),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let m = h.meta("f");
+    assert_eq!(m.atime(), 2_500_000);
+    assert_eq!(
+        m.mtime(),
+        1_800_000,
+        "atime-only via fh put back a stale cached mtime"
+    );
+    assert_eq!(secs(a.mtime), 1_800_000);
+    // TimeSpec::Now lands near now.
+    let now = SystemTime::now();
+    h.fs.setattr(
+        f,
+        Some(fh),
+        SetattrRequest {
+            mtime: Some(TimeSpec::Now),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let m = h.meta("f");
+    assert!((m.mtime() - secs(now) as i64).abs() <= 2);
+    assert_eq!(m.atime(), 2_500_000);
+    h.fs.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setattr_chmod_and_truncate() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"hello").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let a =
+        h.fs.setattr(
+            f,
+            None,
+            SetattrRequest {
+                mode: Some(libc::S_IFREG | 0o600),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(a.perm, 0o600);
+    assert_eq!(h.meta("f").mode() & 0o7777, 0o600);
+    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.perm, 0o600);
+    // truncate shorter, then longer (zero-filled)
+    let trunc = |size| SetattrRequest {
+        size: Some(size),
+        ..Default::default()
+    };
+    assert_eq!(h.fs.setattr(f, None, trunc(3)).await.unwrap().size, 3);
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"hel");
+    assert_eq!(h.size(f, None).await, 3);
+    assert_eq!(h.fs.setattr(f, None, trunc(6)).await.unwrap().size, 6);
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"hel\0\0\0");
+    // ftruncate through a handle with writes in flight: the writes land first.
+    let fh = h.open(f, libc::O_RDWR).await;
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_millis(100)));
+    let w = tokio::spawn(h.fs.write(fh, 0, b"0123456789"));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(h.fs.setattr(f, Some(fh), trunc(4)).await.unwrap().size, 4);
+    w.await.unwrap().unwrap();
+    h.plan.clear_all();
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"0123");
+    assert_eq!(h.size(f, Some(fh)).await, 4);
+    assert_eq!(h.size(f, None).await, 4);
+    // chmod of a directory
+    let d = h.mkdir(ROOT, "d").await;
+    h.fs.setattr(
+        d,
+        None,
+        SetattrRequest {
+            mode: Some(libc::S_IFDIR | 0o700),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(h.meta("d").mode() & 0o7777, 0o700);
+    h.fs.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setattr_on_a_symlink() {
+    let h = Harness::new();
+    std::fs::write(h.disk("target"), b"t").unwrap();
+    let e =
+        h.fs.symlink(ROOT, os("l"), Path::new("target"))
+            .await
+            .unwrap();
+    assert_eq!(e.attr.kind, FileKind::Symlink);
+    let l = e.attr.ino;
+    assert_eq!(h.fs.readlink(l).await.unwrap(), Path::new("target"));
+    assert_errno(
+        h.fs.setattr(
+            l,
+            None,
+            SetattrRequest {
+                mode: Some(libc::S_IFLNK | 0o600),
+                ..Default::default()
+            },
+        )
+        .await,
+        libc::EOPNOTSUPP,
+        "chmod of a symlink",
+    );
+    assert_eq!(
+        h.meta("target").mode() & 0o7777,
+        0o644,
+        "chmod followed the link"
+    );
+    // Times of the link itself (lutimes), not of its target.
+    let target_mtime = h.meta("target").mtime();
+    h.fs.setattr(
+        l,
+        None,
+        SetattrRequest {
+            atime: at(1_000_000),
+            mtime: at(1_100_000),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(h.meta("l").mtime(), 1_100_000);
+    assert_eq!(h.meta("target").mtime(), target_mtime);
+}
+
+// ------------------------------------------------------------------------------ read-only
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_refuses_every_mutation_and_reads_still_work() {
+    let h = Harness::new();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::os::unix::fs::symlink("f", h.disk("l")).unwrap();
+    let (f, wfh) = h.create(ROOT, "f").await;
+    h.write(wfh, 0, b"content").await;
+    h.fs.flush(wfh).await.unwrap();
+    h.lookup(ROOT, "d").await;
+    let l = h.lookup(ROOT, "l").await;
+
+    h.fs.set_read_only();
+    assert!(h.fs.is_read_only());
+    let mut c = Checks::default();
+    let rofs = libc::EROFS;
+    c.errno(
+        "mkdir",
+        h.fs.mkdir(ROOT, os("nd"), DIR_MODE, UMASK).await,
+        rofs,
+    );
+    let req = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT,
+    };
+    c.errno(
+        "create",
+        h.fs.create(ROOT, os("nf"), FILE_MODE, UMASK, req).await,
+        rofs,
+    );
+    c.errno("unlink", h.fs.unlink(ROOT, os("f")).await, rofs);
+    c.errno("rmdir", h.fs.rmdir(ROOT, os("d")).await, rofs);
+    c.errno(
+        "rename",
+        h.fs.rename(ROOT, os("f"), ROOT, os("g"), 0).await,
+        rofs,
+    );
+    c.errno("link", h.fs.link(f, ROOT, os("h")).await, rofs);
+    c.errno(
+        "symlink",
+        h.fs.symlink(ROOT, os("s"), Path::new("f")).await,
+        rofs,
+    );
+    for (what, set) in [
+        (
+            "truncate",
+            SetattrRequest {
+                size: Some(0),
+                ..Default::default()
+            },
+        ),
+        (
+            "chmod",
+            SetattrRequest {
+                mode: Some(0o600),
+                ..Default::default()
+            },
+        ),
+        (
+            "utimens",
+            SetattrRequest {
+                mtime: at(5),
+                ..Default::default()
+            },
+        ),
+    ] {
+        c.errno(what, h.fs.setattr(f, None, set).await, rofs);
+        c.errno(what, h.fs.setattr(f, Some(wfh), set).await, rofs);
+    }
+    for (what, flags) in [
+        ("open O_WRONLY", libc::O_WRONLY),
+        ("open O_RDWR", libc::O_RDWR),
+        ("open O_RDONLY|O_TRUNC", libc::O_RDONLY | libc::O_TRUNC),
+        ("open O_WRONLY|O_APPEND", libc::O_WRONLY | libc::O_APPEND),
+    ] {
+        c.errno(what, h.fs.open(f, OpenRequest { flags }).await, rofs);
+    }
+    c.errno(
+        "write on a handle opened before",
+        h.fs.write(wfh, 0, b"X").await,
+        rofs,
+    );
+    c.errno("access W_OK", h.fs.access(f, libc::W_OK, 0, 0).await, rofs);
+    c.finish();
+
+    // Nothing changed on disk.
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"content");
+    for name in ["nd", "nf", "g", "h", "s"] {
+        assert!(
+            !h.disk(name).exists(),
+            "{name} was created on a read-only mount"
+        );
+    }
+    assert!(h.disk("d").is_dir());
+
+    // Reads work.
+    let f2 = h.lookup(ROOT, "f").await;
+    assert_eq!(f2, f);
+    assert_eq!(h.size(f, None).await, 7);
+    let rfh = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(h.read(rfh, 0, 100).await, b"content");
+    assert_eq!(h.read(wfh, 0, 100).await, b"content");
+    h.fs.release(rfh).await.unwrap();
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    assert_eq!(h.fs.readdir(dh, 0).unwrap().len(), 2 + 3);
+    h.fs.releasedir(dh);
+    assert_eq!(h.fs.readlink(l).await.unwrap(), Path::new("f"));
+    h.fs.statfs().await.unwrap();
+    h.fs.access(f, libc::R_OK, 0, 0).await.unwrap();
+    h.fs.flush(wfh).await.unwrap();
+    h.fs.release(wfh).await.unwrap();
+    assert_eq!(h.open_handles(), 0);
+}
+
+// ------------------------------------------------------------------------------ large reads
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_read_is_split_and_reassembled_with_a_short_read_at_eof() {
+    let limits = Limits {
+        max_read: 8 * 1024,
+        max_write: 8 * 1024,
+        max_open_handles: 64,
+    };
+    let h = Harness::with(config(long_ttls()), Some(limits));
+    let len = (1 << 20) - 1234;
+    let content = pattern(len);
+    std::fs::write(h.disk("big"), &content).unwrap();
+    let f = h.lookup(ROOT, "big").await;
+    let fh = h.open(f, libc::O_RDONLY).await;
+    h.plan.reset_counts();
+    let got = h.read(fh, 0, 1 << 20).await;
+    assert_eq!(got.len(), len, "read of 1 MiB from a file of {len} bytes");
+    assert!(got == content, "content differs");
+    assert!(
+        h.plan.calls(ROp::Read) >= (len as u64).div_ceil(8 * 1024),
+        "not split: {} reads",
+        h.plan.calls(ROp::Read)
+    );
+    // Unaligned ranges inside, across and past the end.
+    for (off, size) in [
+        (5_000usize, 100_000u32),
+        (8 * 1024 - 1, 8 * 1024 + 2),
+        (len - 10, 1 << 20),
+        (len - 8 * 1024, 8 * 1024),
+        (len - 8 * 1024 - 1, 3 * 8 * 1024),
+        (len, 4096),
+        (len + 100, 1 << 20),
+    ] {
+        let got = h.read(fh, off as u64, size).await;
+        let end = (off + size as usize).min(len);
+        let want = if off >= len {
+            &[][..]
+        } else {
+            &content[off..end]
+        };
+        assert!(
+            got == want,
+            "read({off}, {size}): {} bytes, want {}",
+            got.len(),
+            want.len()
+        );
+    }
+    h.fs.release(fh).await.unwrap();
+
+    // The write side splits by max_write too.
+    let (g, fh) = h.create(ROOT, "copy").await;
+    h.write(fh, 0, &content).await;
+    h.fs.flush(fh).await.unwrap();
+    assert!(
+        std::fs::read(h.disk("copy")).unwrap() == content,
+        "large write"
+    );
+    assert_eq!(h.size(g, Some(fh)).await, len as u64);
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles(), 0);
+}

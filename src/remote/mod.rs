@@ -292,8 +292,11 @@ pub trait Remote: Send + Sync + 'static {
     fn stat(&self, path: &Path) -> impl Future<Output = RemoteResult<Attrs>> + Send;
     fn fstat(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<Attrs>> + Send;
     /// Change attributes of `path`, following a symlink (SFTP SETSTAT).
-    fn setstat(&self, path: &Path, attrs: SetAttrs)
-        -> impl Future<Output = RemoteResult<()>> + Send;
+    fn setstat(
+        &self,
+        path: &Path,
+        attrs: SetAttrs,
+    ) -> impl Future<Output = RemoteResult<()>> + Send;
     /// Change attributes of `path` itself even if it is a symlink (`lsetstat@openssh.com`).
     fn lsetstat(
         &self,
@@ -360,12 +363,14 @@ pub trait Remote: Send + Sync + 'static {
     ) -> impl Future<Output = RemoteResult<()>> + Send;
     /// Create `link` pointing at `target` (in the natural order; implementations deal with
     /// OpenSSH's swapped arguments).
-    fn symlink(&self, target: &Path, link: &Path)
-        -> impl Future<Output = RemoteResult<()>> + Send;
+    fn symlink(&self, target: &Path, link: &Path) -> impl Future<Output = RemoteResult<()>> + Send;
     fn readlink(&self, path: &Path) -> impl Future<Output = RemoteResult<PathBuf>> + Send;
     /// Create a hard link `new` to `existing` (`hardlink@openssh.com`).
-    fn hardlink(&self, existing: &Path, new: &Path)
-        -> impl Future<Output = RemoteResult<()>> + Send;
+    fn hardlink(
+        &self,
+        existing: &Path,
+        new: &Path,
+    ) -> impl Future<Output = RemoteResult<()>> + Send;
     fn statvfs(&self, path: &Path) -> impl Future<Output = RemoteResult<StatVfs>> + Send;
     /// Canonical absolute form of `path` on the server, following symlinks.
     fn realpath(&self, path: &Path) -> impl Future<Output = RemoteResult<PathBuf>> + Send;
