@@ -17,7 +17,7 @@ use crate::options::{MountOptions, RemoteSpec};
 use crate::remote::sftp::{
     CertificateSource, HostKeyPolicy, Identity, ReconnectPolicy, SftpRemote, SshConfig,
 };
-use crate::remote::{FileKind, Remote};
+use crate::remote::Remote;
 
 /// Everything needed to mount, already parsed and validated.
 #[derive(Debug, Clone)]
@@ -210,29 +210,11 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
 
 /// Resolve the remote directory to an absolute path and check it is a directory.
 async fn resolve_root(remote: &SftpRemote, spec: &RemoteSpec) -> Result<PathBuf, MountError> {
-    let dir = if spec.dir.is_empty() {
-        "."
-    } else {
-        spec.dir.as_str()
-    };
-    let no_dir = |why: String| {
-        fail(
-            MountErrorKind::RemoteDir,
-            format!("remote directory '{dir}' on {}: {why}", spec.host),
-        )
-    };
-    let root = remote
-        .realpath(Path::new(dir))
+    let dir = if spec.dir.is_empty() { "." } else { spec.dir.as_str() };
+    remote
+        .resolve_dir(Path::new(dir))
         .await
-        .map_err(|e| no_dir(e.to_string()))?;
-    let attrs = remote
-        .stat(&root)
-        .await
-        .map_err(|e| no_dir(e.to_string()))?;
-    if attrs.file_type() != FileKind::Dir {
-        return Err(no_dir("not a directory".into()));
-    }
-    Ok(root)
+        .map_err(|e| fail(MountErrorKind::RemoteDir, e.to_string()))
 }
 
 fn fuse_config(req: &MountRequest, read_only: bool) -> fuser::Config {
@@ -275,8 +257,10 @@ pub fn run(req: MountRequest, mut readiness: Readiness) -> i32 {
     match run_inner(&req, &mut readiness) {
         Ok(()) => 0,
         Err(e) => {
-            readiness.failed(&e.message);
-            if !readiness.is_daemon() {
+            if readiness.is_daemon() {
+                // The waiting parent prints it.
+                readiness.failed(&e.message);
+            } else {
                 eprintln!("awcp-mount: {}", e.message);
             }
             1
