@@ -210,7 +210,11 @@ pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
 
 /// Resolve the remote directory to an absolute path and check it is a directory.
 async fn resolve_root(remote: &SftpRemote, spec: &RemoteSpec) -> Result<PathBuf, MountError> {
-    let dir = if spec.dir.is_empty() { "." } else { spec.dir.as_str() };
+    let dir = if spec.dir.is_empty() {
+        "."
+    } else {
+        spec.dir.as_str()
+    };
     remote
         .resolve_dir(Path::new(dir))
         .await

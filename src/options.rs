@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// What `-o` options can set.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct MountOptions {
     pub identity_files: Vec<PathBuf>,
     pub certificate_files: Vec<PathBuf>,
@@ -45,42 +45,6 @@ pub struct MountOptions {
     pub kernel_flags: Vec<String>,
     /// Options we accepted but do nothing with, for the debug log.
     pub ignored: Vec<String>,
-}
-
-impl Default for MountOptions {
-    fn default() -> Self {
-        MountOptions {
-            identity_files: Vec::new(),
-            certificate_files: Vec::new(),
-            port: None,
-            user: None,
-            strict_host_key_checking: None,
-            user_known_hosts_file: None,
-            server_alive_interval: None,
-            server_alive_count_max: None,
-            connect_timeout: None,
-            reconnect: false,
-            follow_symlinks: false,
-            read_only: false,
-            allow_other: false,
-            allow_root: false,
-            default_permissions: false,
-            entry_timeout: None,
-            attr_timeout: None,
-            negative_timeout: None,
-            dir_cache: None,
-            dcache_timeout: None,
-            dcache_max_size: None,
-            max_conns: None,
-            idmap_user: false,
-            kernel_cache: false,
-            fsname: None,
-            subtype: None,
-            debug: false,
-            kernel_flags: Vec::new(),
-            ignored: Vec::new(),
-        }
-    }
 }
 
 /// Options that only mean something on macOS (macFUSE/osxfuse), which AWCP executors pass
@@ -176,7 +140,7 @@ fn parse_secs(opt: &str, v: &str) -> Result<Duration, OptionError> {
     let secs: f64 = v
         .parse()
         .map_err(|_| bad(opt, format!("'{v}' is not a number of seconds")))?;
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(bad(opt, format!("'{v}' is out of range")));
     }
     Ok(Duration::from_secs_f64(secs))

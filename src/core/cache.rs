@@ -52,6 +52,11 @@ pub struct CachedAttrs {
 
 pub struct MetaCache {
     config: CacheConfig,
+    /// A logical clock of changes made through the mount, and when each inode last changed.
+    /// An answer fetched from the server is cached only if its inode did not change while
+    /// the request was on its way (else a lookup racing a write would cache the old size).
+    clock: u64,
+    changed: std::collections::HashMap<Ino, u64>,
     attrs: LruCache<Ino, (CachedAttrs, Instant)>,
     negative: LruCache<(Ino, OsString), Instant>,
     dirs: LruCache<Ino, (Arc<Vec<DirEntry>>, Instant)>,
@@ -68,6 +73,8 @@ impl MetaCache {
         let dir_cap = (config.max_entries / 64).max(16);
         MetaCache {
             config,
+            clock: 0,
+            changed: std::collections::HashMap::new(),
             attrs: LruCache::new(cap(config.max_entries)),
             negative: LruCache::new(cap(config.max_entries)),
             dirs: LruCache::new(cap(dir_cap)),
@@ -113,6 +120,29 @@ impl MetaCache {
         }
         self.attrs
             .put(ino, (attrs, Instant::now() + self.config.attr_ttl));
+    }
+
+    /// The change clock now: pass it to [`MetaCache::changed_since`] after a fetch.
+    pub fn now(&self) -> u64 {
+        self.clock
+    }
+
+    /// `ino`'s data or attributes changed through the mount.
+    pub fn touch(&mut self, ino: Ino) {
+        self.clock += 1;
+        self.changed.insert(ino, self.clock);
+        self.attrs.pop(&ino);
+    }
+
+    /// Whether `ino` changed after the clock read `since`.
+    pub fn changed_since(&self, ino: Ino, since: u64) -> bool {
+        self.changed.get(&ino).is_some_and(|&t| t > since)
+    }
+
+    /// The kernel forgot `ino`: nothing about it is needed any more.
+    pub fn forget_inode(&mut self, ino: Ino) {
+        self.forget_attrs(ino);
+        self.changed.remove(&ino);
     }
 
     pub fn forget_attrs(&mut self, ino: Ino) {
@@ -191,6 +221,22 @@ impl MetaCache {
         }
         self.dirs
             .put(dir, (listing, Instant::now() + self.config.dir_ttl));
+    }
+
+    /// The listing entry of `name` in `parent` now has these attributes, or (`None`) ones we
+    /// do not know: the entry still says the name exists and its type, but a lookup must ask
+    /// the server for the attributes. "Unknown" is marked by an absent size, which a listing
+    /// from the server never has.
+    pub fn listing_update(&mut self, parent: Ino, name: &OsStr, attrs: Option<Attrs>) {
+        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
+            let listing = Arc::make_mut(listing);
+            if let Some(e) = listing.iter_mut().find(|e| e.name == name) {
+                match attrs {
+                    Some(a) => e.attrs = a,
+                    None => e.attrs.size = None,
+                }
+            }
+        }
     }
 
     /// Answer a lookup from a cached listing: `Some(Some(entry))` found, `Some(None)` the

@@ -37,8 +37,12 @@ pub(crate) enum WriteJob {
 pub struct OpenFile<R: Remote> {
     pub ino: Ino,
     pub flags: OpenFlags,
-    /// The current remote handle; replaced when the file is reopened after a reconnect.
-    handle: RwLock<R::Handle>,
+    /// The current remote handle and how many times it was reopened; replaced when the file
+    /// is reopened after a reconnect.
+    handle: RwLock<(R::Handle, u64)>,
+    /// Serializes reopens: two requests that both found the handle stale must not both open
+    /// a new one (the second would leak a server handle).
+    reopening: tokio::sync::Mutex<()>,
     writer: Mutex<Option<mpsc::UnboundedSender<WriteJob>>>,
     window: Arc<Semaphore>,
     /// First write failure not yet reported by flush/fsync.
@@ -55,7 +59,8 @@ impl<R: Remote> OpenFile<R> {
         OpenFile {
             ino,
             flags,
-            handle: RwLock::new(handle),
+            handle: RwLock::new((handle, 0)),
+            reopening: tokio::sync::Mutex::new(()),
             writer: Mutex::new(None),
             window: Arc::new(Semaphore::new(WRITE_WINDOW as usize)),
             error: Mutex::new(None),
@@ -65,12 +70,32 @@ impl<R: Remote> OpenFile<R> {
     }
 
     pub async fn handle(&self) -> R::Handle {
+        self.handle.read().await.0.clone()
+    }
+
+    /// The handle with its reopen count, for [`OpenFile::reopen_with`].
+    pub async fn versioned_handle(&self) -> (R::Handle, u64) {
         self.handle.read().await.clone()
     }
 
-    /// Swap in a freshly reopened handle; returns the old one (to be closed).
-    pub async fn replace_handle(&self, new: R::Handle) -> R::Handle {
-        std::mem::replace(&mut *self.handle.write().await, new)
+    /// Replace a handle found stale at version `seen` by what `open` returns, unless another
+    /// request already did: then its handle is returned and `open` is not called.
+    pub async fn reopen_with<F, Fut, E>(&self, seen: u64, open: F) -> Result<R::Handle, E>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<R::Handle, E>>,
+    {
+        let _one_at_a_time = self.reopening.lock().await;
+        {
+            let current = self.handle.read().await;
+            if current.1 != seen {
+                return Ok(current.0.clone());
+            }
+        }
+        let new = open().await?;
+        let mut slot = self.handle.write().await;
+        *slot = (new.clone(), seen + 1);
+        Ok(new)
     }
 
     pub fn latch(&self, err: RemoteError) {
@@ -165,7 +190,7 @@ async fn writer_loop<R: Remote>(
                         Ok(p) => p,
                         Err(_) => break,
                     };
-                    let handle = file.handle().await;
+                    let (handle, version) = file.versioned_handle().await;
                     let mut queued = remote.write_queued(&handle, at, chunk.clone()).await;
                     if matches!(queued, Err(RemoteError::StaleHandle)) {
                         // Opened before a reconnect and nothing of it in flight: reopen by
@@ -173,7 +198,7 @@ async fn writer_loop<R: Remote>(
                         // dropped have failed and are reported; they are never replayed,
                         // since a later write may have overwritten the same bytes.)
                         queued = match fs.upgrade() {
-                            Some(fs) => match fs.reopen(&file).await {
+                            Some(fs) => match fs.reopen(&file, version).await {
                                 Ok(h) => remote.write_queued(&h, at, chunk).await,
                                 Err(_) => Err(RemoteError::StaleHandle),
                             },

@@ -89,6 +89,12 @@ impl InodeTable {
         self.nodes.get(&ino).map(|n| n.kind)
     }
 
+    /// The directory and name an inode is currently known under.
+    pub fn name_of(&self, ino: Ino) -> Option<(Ino, OsString)> {
+        let node = self.nodes.get(&ino)?;
+        (!node.detached && ino != ROOT_INO).then(|| (node.parent, node.name.clone()))
+    }
+
     /// The inode for `name` in `parent`, if the kernel currently knows one.
     pub fn child(&self, parent: Ino, name: &OsStr) -> Option<Ino> {
         self.by_name.get(&(parent, name.to_os_string())).copied()

@@ -96,6 +96,8 @@ pub struct DirItem {
     /// Attributes from the listing (absent for "." and "..").
     pub attrs: Option<Attrs>,
     pub nlink: Option<u32>,
+    /// The change clock when the listing was taken (see `MetaCache::changed_since`).
+    pub listed_at: u64,
 }
 
 /// Open flags as the kernel gives them, decoded.
@@ -124,7 +126,7 @@ impl OpenRequest {
 }
 
 /// Settings of one mount that the core needs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct FsConfig {
     pub cache: CacheConfig,
     pub read_only: bool,
@@ -132,17 +134,6 @@ pub struct FsConfig {
     pub follow_symlinks: bool,
     /// `idmap=user`: (remote uid, remote gid) shown as (local uid, local gid).
     pub idmap: Option<((u32, u32), (u32, u32))>,
-}
-
-impl Default for FsConfig {
-    fn default() -> Self {
-        FsConfig {
-            cache: CacheConfig::default(),
-            read_only: false,
-            follow_symlinks: false,
-            idmap: None,
-        }
-    }
 }
 
 /// Counters for `awcp-mount status`.
@@ -370,8 +361,25 @@ impl<R: Remote> Fs<R> {
             }
         }
         if let Some(errno) = errno::direct(&err, op) {
-            // NO_SUCH_FILE also covers ENOTDIR: a path component that is not a directory.
+            // NO_SUCH_FILE also covers ENOTDIR: the target, or a path component, is not a
+            // directory where one is needed.
             if errno == libc::ENOENT {
+                let target_kind = self.probe_kind(target).await;
+                let not_dir = target_kind.is_some_and(|k| k != FileKind::Dir);
+                let needs_dir = match op {
+                    Op::Rmdir | Op::Readdir => true,
+                    Op::Rename => match source {
+                        Some(src) => self.probe_kind(src).await == Some(FileKind::Dir),
+                        None => false,
+                    },
+                    _ => false,
+                };
+                if not_dir && needs_dir {
+                    return FsError::new(
+                        libc::ENOTDIR,
+                        format!("{}: not a directory", target.display()),
+                    );
+                }
                 if let Some(parent) = target.parent() {
                     if let Some(kind) = self.probe_kind(parent).await {
                         if kind != FileKind::Dir && kind != FileKind::Symlink {
@@ -380,6 +388,17 @@ impl<R: Remote> Fs<R> {
                                 format!("{}: not a directory", parent.display()),
                             );
                         }
+                    }
+                }
+            }
+            // EPERM and EACCES are both PERMISSION_DENIED; link(2) of a directory is EPERM.
+            if errno == libc::EACCES && op == Op::Link {
+                if let Some(src) = source {
+                    if self.probe_kind(src).await == Some(FileKind::Dir) {
+                        return FsError::new(
+                            libc::EPERM,
+                            format!("{}: cannot hard-link a directory", src.display()),
+                        );
                     }
                 }
             }
@@ -416,27 +435,70 @@ impl<R: Remote> Fs<R> {
             return Ok(a);
         }
         let path = self.path_of(ino)?;
+        let since = self.cache.lock().unwrap().now();
         match self.stat_path(&path).await {
             Ok(attrs) => {
                 let cached = CachedAttrs { attrs, nlink: None };
-                self.cache.lock().unwrap().put_attrs(ino, cached);
+                self.cache_attrs_from(ino, cached, since);
                 Ok(cached)
             }
             Err(e) => Err(self.explain(Op::Getattr, e, &path, None).await),
         }
     }
 
-    /// Register an inode for `name` in `parent` with the attributes just learnt.
-    fn remember(&self, parent: Ino, name: &OsStr, attrs: Attrs, nlink: Option<u32>) -> Attr {
+    /// Cache attributes fetched when the change clock read `since`, unless the inode changed
+    /// through the mount meanwhile (then they may predate that change) or has writes in flight.
+    fn cache_attrs_from(&self, ino: Ino, attrs: CachedAttrs, since: u64) {
+        if !self.writers_of(ino).is_empty() {
+            return;
+        }
+        let mut cache = self.cache.lock().unwrap();
+        if !cache.changed_since(ino, since) {
+            cache.put_attrs(ino, attrs);
+        }
+    }
+
+    /// `ino`'s data or attributes changed through the mount: cached attributes of it are
+    /// stale, wherever they are (attribute cache, its parent's listing). `known`: the new
+    /// attributes, when we have them.
+    fn attrs_changed(&self, ino: Ino, known: Option<Attrs>) {
+        let name = self.inodes.lock().unwrap().name_of(ino);
+        let mut cache = self.cache.lock().unwrap();
+        cache.touch(ino);
+        if let Some((parent, name)) = name {
+            cache.listing_update(parent, &name, known);
+        }
+        if let Some(attrs) = known {
+            cache.put_attrs(ino, CachedAttrs { attrs, nlink: None });
+        }
+    }
+
+    /// Register an inode for `name` in `parent` with attributes learnt when the change clock
+    /// read `since`. Attributes the mount changed since then are not trusted: the cached ones
+    /// (from our own change) are shown, or the size still being written.
+    fn remember(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        attrs: Attrs,
+        nlink: Option<u32>,
+        since: u64,
+    ) -> Attr {
         let ino = self
             .inodes
             .lock()
             .unwrap()
             .lookup(parent, name, attrs.file_type());
-        self.cache
-            .lock()
-            .unwrap()
-            .put_attrs(ino, CachedAttrs { attrs, nlink });
+        let attrs = {
+            let mut cache = self.cache.lock().unwrap();
+            if cache.changed_since(ino, since) {
+                cache.get_attrs(ino).map(|c| c.attrs).unwrap_or(attrs)
+            } else {
+                attrs
+            }
+        };
+        let attrs = self.with_pending_size(ino, attrs);
+        self.cache_attrs_from(ino, CachedAttrs { attrs, nlink }, since);
         self.make_attr(ino, &attrs, nlink)
     }
 
@@ -444,8 +506,9 @@ impl<R: Remote> Fs<R> {
 
     pub async fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
         let path = self.child_path(parent, name)?;
-        {
+        let since = {
             let mut cache = self.cache.lock().unwrap();
+            let since = cache.now();
             if cache.is_negative(parent, name) {
                 return Err(FsError::new(
                     libc::ENOENT,
@@ -454,9 +517,13 @@ impl<R: Remote> Fs<R> {
             }
             let follow = self.config.lock().unwrap().follow_symlinks;
             match cache.lookup_in_dir(parent, name) {
-                Some(Some(e)) if !(follow && e.attrs.file_type() == FileKind::Symlink) => {
+                // (An entry whose size is unknown changed through the mount: ask the server.)
+                Some(Some(e))
+                    if e.attrs.size.is_some()
+                        && !(follow && e.attrs.file_type() == FileKind::Symlink) =>
+                {
                     drop(cache);
-                    return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink)));
+                    return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
                 }
                 Some(None) => {
                     return Err(FsError::new(
@@ -466,9 +533,10 @@ impl<R: Remote> Fs<R> {
                 }
                 _ => {}
             }
-        }
+            since
+        };
         match self.stat_path(&path).await {
-            Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None))),
+            Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
                 self.cache.lock().unwrap().put_negative(parent, name);
                 // If the kernel still had an inode for this name, it is gone now.
@@ -486,7 +554,7 @@ impl<R: Remote> Fs<R> {
         let mut inodes = self.inodes.lock().unwrap();
         inodes.forget(ino, nlookup);
         if !inodes.contains(ino) {
-            self.cache.lock().unwrap().forget_attrs(ino);
+            self.cache.lock().unwrap().forget_inode(ino);
         }
     }
 
@@ -593,11 +661,19 @@ impl<R: Remote> Fs<R> {
 
         let needs_current = (req.uid.is_some() != req.gid.is_some())
             || (req.atime.is_some() != req.mtime.is_some());
-        let current = if needs_current {
-            self.cache.lock().unwrap().forget_attrs(ino);
-            Some(self.fetch_attrs(ino).await?.attrs)
-        } else {
-            None
+        let current = match (&file, needs_current) {
+            (_, false) => None,
+            // Through the handle: works for an unlinked open file too.
+            (Some(f), true) => Some(
+                self.remote
+                    .fstat(&f.handle().await)
+                    .await
+                    .map_err(|e| remote_err(Op::Getattr, &e, "fstat"))?,
+            ),
+            (None, true) => {
+                self.cache.lock().unwrap().forget_attrs(ino);
+                Some(self.fetch_attrs(ino).await?.attrs)
+            }
         };
         let mut set = SetAttrs {
             size: req.size,
@@ -626,12 +702,11 @@ impl<R: Remote> Fs<R> {
         if !set.is_empty() {
             let result = match (&file, kind) {
                 (Some(f), _) => {
-                    let h = f.handle().await;
+                    let (h, version) = f.versioned_handle().await;
                     match self.remote.fsetstat(&h, set).await {
                         Err(RemoteError::StaleHandle) => {
-                            self.remote
-                                .setstat(path.as_ref().map_err(Clone::clone)?, set)
-                                .await
+                            let h = self.reopen(f, version).await?;
+                            self.remote.fsetstat(&h, set).await
                         }
                         r => r,
                     }
@@ -656,14 +731,17 @@ impl<R: Remote> Fs<R> {
                 return Err(self.explain(op, e, &target, None).await);
             }
         }
-        // Only mode, owner or times changed and we know the rest: the new attributes are known
-        // without asking. (A size change also moves the mtime on the server: ask then.)
-        let known = if req.size.is_none() {
+        // Only the mode (without set-id bits) or times changed and we know the rest: the new
+        // attributes are known without asking. A size change also moves the mtime, and a
+        // chown makes the server clear set-id bits: ask then.
+        let predictable =
+            req.size.is_none() && set.uid_gid.is_none() && set.perm.is_none_or(|p| p & 0o6000 == 0);
+        let known = if predictable {
             current.or_else(|| self.cache.lock().unwrap().get_attrs(ino).map(|c| c.attrs))
         } else {
             None
         };
-        self.cache.lock().unwrap().forget_attrs(ino);
+        self.attrs_changed(ino, None);
         if let Some(mut attrs) = known {
             if let Some(p) = set.perm {
                 attrs.mode = Some((attrs.mode.unwrap_or(0) & libc::S_IFMT) | p);
@@ -677,22 +755,19 @@ impl<R: Remote> Fs<R> {
                 attrs.mtime = Some(m);
             }
             let attrs = self.with_pending_size(ino, attrs);
-            self.cache
-                .lock()
-                .unwrap()
-                .put_attrs(ino, CachedAttrs { attrs, nlink: None });
+            self.attrs_changed(ino, Some(attrs));
             return Ok(self.make_attr(ino, &attrs, None));
         }
-        if let Some(f) = &file {
-            if let Some(size) = req.size {
-                f.written_end.store(size, Ordering::Relaxed);
+        if let Some(size) = req.size {
+            // Truncated: what was written beyond the new size no longer counts.
+            for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+                f.written_end.fetch_min(size, Ordering::Relaxed);
             }
+        }
+        if let Some(f) = &file {
             let h = f.handle().await;
             if let Ok(attrs) = self.remote.fstat(&h).await {
-                self.cache
-                    .lock()
-                    .unwrap()
-                    .put_attrs(ino, CachedAttrs { attrs, nlink: None });
+                self.attrs_changed(ino, Some(attrs));
                 return Ok(self.make_attr(ino, &attrs, None));
             }
         }
@@ -724,6 +799,7 @@ impl<R: Remote> Fs<R> {
         path: &Path,
         perm: Option<u32>,
     ) -> FsResult<Entry> {
+        let since = self.cache.lock().unwrap().now();
         let mut attrs = match self.remote.lstat(path).await {
             Ok(a) => a,
             Err(e) => {
@@ -754,7 +830,7 @@ impl<R: Remote> Fs<R> {
                 },
             );
         }
-        let entry = self.entry(self.remember(parent, name, attrs, None));
+        let entry = self.entry(self.remember(parent, name, attrs, None, since));
         if attrs.file_type() == FileKind::Dir {
             self.cache
                 .lock()
@@ -890,7 +966,7 @@ impl<R: Remote> Fs<R> {
         if let Err(e) = self.remote.hardlink(&existing, &new).await {
             return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
         }
-        self.cache.lock().unwrap().forget_attrs(ino);
+        self.attrs_changed(ino, None);
         self.finish_create(new_parent, new_name, &new, None).await
     }
 
@@ -907,7 +983,7 @@ impl<R: Remote> Fs<R> {
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
         };
         if flags.truncate {
-            self.cache.lock().unwrap().forget_attrs(ino);
+            self.attrs_changed(ino, None);
         }
         let fh = self.alloc_fh();
         self.files
@@ -937,7 +1013,14 @@ impl<R: Remote> Fs<R> {
         }
         let handle = match self.remote.open(&path, flags, perm).await {
             Ok(h) => h,
-            Err(e) => return Err(self.explain(Op::Create, e, &path, None).await),
+            Err(e) => {
+                let mut err = self.explain(Op::Create, e, &path, None).await;
+                // O_CREAT|O_EXCL over anything existing, a directory too, is EEXIST.
+                if flags.exclusive && err.errno == libc::EISDIR {
+                    err.errno = libc::EEXIST;
+                }
+                return Err(err);
+            }
         };
         let entry = match self.finish_create(parent, name, &path, Some(perm)).await {
             Ok(e) => e,
@@ -964,38 +1047,39 @@ impl<R: Remote> Fs<R> {
     }
 
     /// Reopen a file whose handle belongs to a lost connection.
-    pub(crate) async fn reopen(&self, file: &Arc<OpenFile<R>>) -> FsResult<R::Handle> {
-        let path = self.path_of(file.ino).map_err(|e| {
-            FsError::new(
-                libc::EIO,
-                format!("cannot reopen after reconnect: {}", e.context),
-            )
-        })?;
-        match self.remote.open(&path, file.flags.for_reopen(), 0).await {
-            Ok(h) => {
-                tracing::info!(path = %path.display(), "reopened file after reconnect");
-                file.replace_handle(h.clone()).await;
-                Ok(h)
+    /// Reopen a file whose handle (at version `seen`) belongs to a lost connection. Requests
+    /// that find the same stale handle at once share one reopen.
+    pub(crate) async fn reopen(&self, file: &Arc<OpenFile<R>>, seen: u64) -> FsResult<R::Handle> {
+        file.reopen_with(seen, || async {
+            let path = self.path_of(file.ino).map_err(|e| {
+                FsError::new(
+                    libc::EIO,
+                    format!("cannot reopen after reconnect: {}", e.context),
+                )
+            })?;
+            match self.remote.open(&path, file.flags.for_reopen(), 0).await {
+                Ok(h) => {
+                    tracing::info!(path = %path.display(), "reopened file after reconnect");
+                    Ok(h)
+                }
+                Err(e) => Err(FsError::new(
+                    libc::EIO,
+                    format!("reopen {} after reconnect: {e}", path.display()),
+                )),
             }
-            Err(e) => Err(FsError::new(
-                libc::EIO,
-                format!("reopen {} after reconnect: {e}", path.display()),
-            )),
-        }
+        })
+        .await
     }
 
     pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
         let file = self.file(fh)?;
-        if file.writes_pending() {
-            // Read-your-writes on the same handle.
-            if let Err(e) = file.drain(self).await {
-                file.latch(e);
-            }
-        }
-        let handle = file.handle().await;
+        // Read-your-writes: writes of this file acknowledged to any application (on any
+        // handle, which may be on another SFTP channel) land before the read is sent.
+        self.drain_inode(file.ino).await;
+        let (handle, version) = file.versioned_handle().await;
         match self.read_chunks(&handle, offset, size).await {
             Err(RemoteError::StaleHandle) => {
-                let handle = self.reopen(&file).await?;
+                let handle = self.reopen(&file, version).await?;
                 self.read_chunks(&handle, offset, size)
                     .await
                     .map_err(|e| remote_err(Op::Read, &e, "read"))
@@ -1074,13 +1158,15 @@ impl<R: Remote> Fs<R> {
             if !file.submit(self, job) {
                 return Err(FsError::new(libc::EBADF, "file is being closed"));
             }
-            self.cache.lock().unwrap().forget_attrs(file.ino);
+            self.attrs_changed(file.ino, None);
             Ok((file, rx))
         })();
         async move {
             let (file, rx) = queued?;
             match rx.await {
                 Ok(Ok(n)) => {
+                    // Anything fetched while this write was on its way may predate it.
+                    this.attrs_changed(file.ino, None);
                     this.stats
                         .bytes_written
                         .fetch_add(n as u64, Ordering::Relaxed);
@@ -1108,8 +1194,14 @@ impl<R: Remote> Fs<R> {
     pub async fn fsync(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         self.flush(fh).await?;
         let file = self.file(fh)?;
-        let handle = file.handle().await;
-        match self.remote.fsync(&handle).await {
+        let (handle, version) = file.versioned_handle().await;
+        let mut result = self.remote.fsync(&handle).await;
+        if matches!(result, Err(RemoteError::StaleHandle)) {
+            // flush() above already reported any write lost with the old connection.
+            let handle = self.reopen(&file, version).await?;
+            result = self.remote.fsync(&handle).await;
+        }
+        match result {
             Ok(()) | Err(RemoteError::Unsupported(_)) => Ok(()),
             Err(e) => {
                 let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
@@ -1125,7 +1217,10 @@ impl<R: Remote> Fs<R> {
         let drained = file.drain(self).await;
         file.stop_writer();
         self.files.lock().unwrap().remove(&fh);
-        self.cache.lock().unwrap().forget_attrs(file.ino);
+        if file.flags.write {
+            // The server sets the final mtime as the last write lands.
+            self.attrs_changed(file.ino, None);
+        }
         // Nobody can see an error of CLOSE (the kernel ignores release errors and flush has
         // reported write failures), so do not make the application wait for it.
         let handle = file.handle().await;
@@ -1157,11 +1252,12 @@ impl<R: Remote> Fs<R> {
 
     pub async fn opendir(&self, ino: Ino) -> FsResult<u64> {
         let path = self.path_of(ino)?;
+        let since = self.cache.lock().unwrap().now();
         let listing = match self.remote.read_dir(&path).await {
             Ok(l) => l,
             Err(e) => return Err(self.explain(Op::Readdir, e, &path, None).await),
         };
-        let listing: Vec<DirEntry> = listing
+        let mut listing: Vec<DirEntry> = listing
             .into_iter()
             .filter(|e| {
                 let ok = is_valid_listing_name(&e.name);
@@ -1171,6 +1267,20 @@ impl<R: Remote> Fs<R> {
                 ok
             })
             .collect();
+        {
+            // Entries changed through the mount while the listing was on its way may show
+            // attributes from before the change: mark those unknown (see listing_update).
+            let inodes = self.inodes.lock().unwrap();
+            let cache = self.cache.lock().unwrap();
+            for e in listing.iter_mut() {
+                if inodes
+                    .child(ino, &e.name)
+                    .is_some_and(|child| cache.changed_since(child, since))
+                {
+                    e.attrs.size = None;
+                }
+            }
+        }
         let mut items = Vec::with_capacity(listing.len() + 2);
         items.push(DirItem {
             name: ".".into(),
@@ -1178,6 +1288,7 @@ impl<R: Remote> Fs<R> {
             next_offset: 1,
             attrs: None,
             nlink: None,
+            listed_at: since,
         });
         items.push(DirItem {
             name: "..".into(),
@@ -1185,6 +1296,7 @@ impl<R: Remote> Fs<R> {
             next_offset: 2,
             attrs: None,
             nlink: None,
+            listed_at: since,
         });
         for (i, e) in listing.iter().enumerate() {
             items.push(DirItem {
@@ -1193,6 +1305,7 @@ impl<R: Remote> Fs<R> {
                 next_offset: i as u64 + 3,
                 attrs: Some(e.attrs),
                 nlink: e.nlink,
+                listed_at: since,
             });
         }
         self.cache.lock().unwrap().put_dir(ino, Arc::new(listing));
@@ -1235,10 +1348,11 @@ impl<R: Remote> Fs<R> {
         let attrs = item
             .attrs
             .ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
-        if attrs.file_type() == FileKind::Symlink && self.config.lock().unwrap().follow_symlinks {
+        let follow = self.config.lock().unwrap().follow_symlinks;
+        if attrs.size.is_none() || (follow && attrs.file_type() == FileKind::Symlink) {
             return self.lookup(parent, &item.name).await;
         }
-        Ok(self.entry(self.remember(parent, &item.name, attrs, item.nlink)))
+        Ok(self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at)))
     }
 
     pub fn releasedir(&self, fh: u64) {

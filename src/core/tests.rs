@@ -53,7 +53,8 @@ fn config(cache: CacheConfig) -> FsConfig {
 }
 
 struct Harness {
-    dir: tempfile::TempDir,
+    /// Keeps the export directory alive for the test.
+    _dir: tempfile::TempDir,
     root: PathBuf,
     fs: Arc<TestFs>,
     plan: Arc<FaultPlan>,
@@ -80,7 +81,7 @@ impl Harness {
             tokio::runtime::Handle::current(),
         ));
         Harness {
-            dir,
+            _dir: dir,
             root,
             fs,
             plan,
@@ -465,7 +466,7 @@ async fn errno_rename_noreplace_and_exchange() {
     std::fs::write(h.disk("b"), b"b").unwrap();
     std::fs::create_dir(h.disk("d")).unwrap();
     std::fs::create_dir(h.disk("e")).unwrap();
-    let noreplace = libc::RENAME_NOREPLACE as u32;
+    let noreplace = libc::RENAME_NOREPLACE;
     let mut c = Checks::default();
     c.errno(
         "NOREPLACE file over file",
@@ -484,7 +485,7 @@ async fn errno_rename_noreplace_and_exchange() {
     );
     c.errno(
         "EXCHANGE",
-        h.fs.rename(ROOT, os("a"), ROOT, os("b"), libc::RENAME_EXCHANGE as u32)
+        h.fs.rename(ROOT, os("a"), ROOT, os("b"), libc::RENAME_EXCHANGE)
             .await,
         libc::EINVAL,
     );
@@ -1403,6 +1404,145 @@ async fn reconnect_setattr_and_getattr_on_an_old_handle() {
     assert_eq!(h.meta("f").len(), 4);
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0);
+}
+
+/// A reopen after a reconnect goes to where the file is now (renamed through the mount) and
+/// never creates, truncates or insists on exclusivity again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_reopen_follows_renames_and_drops_create_flags() {
+    let h = Harness::new();
+    let req = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC,
+    };
+    let (_, fh) =
+        h.fs.create(ROOT, os("f"), FILE_MODE, UMASK, req)
+            .await
+            .unwrap();
+    h.write(fh, 0, b"abc").await;
+    h.fs.flush(fh).await.unwrap();
+    h.plan.disconnect();
+    h.plan.restore();
+    let d = h.mkdir(ROOT, "d").await;
+    h.fs.rename(ROOT, os("f"), d, os("g"), 0).await.unwrap();
+    h.write(fh, 3, b"def").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("d/g")).unwrap(), b"abcdef");
+    assert!(!h.disk("f").exists(), "reopen re-created the old name");
+    assert_eq!(h.read(fh, 0, 100).await, b"abcdef");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
+/// An unlinked file cannot be reopened after the connection (and with it the server's last
+/// reference) is gone: EIO, not a hang or someone else's data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_unlinked_open_file_is_eio() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"gone").await;
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    // Someone makes a new file of the same name.
+    std::fs::write(h.disk("f"), b"other data").unwrap();
+    h.plan.disconnect();
+    h.plan.restore();
+    assert_errno(
+        h.fs.read(fh, 0, 100).await,
+        libc::EIO,
+        "read after reconnect",
+    );
+    let w = h.fs.write(fh, 0, b"x").await;
+    let flushed = h.fs.flush(fh).await;
+    assert!(
+        w.is_err() || flushed.is_err(),
+        "write to a lost unlinked file went unreported"
+    );
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"other data");
+    h.fs.release(fh).await.ok();
+    h.fs.forget(f, 1);
+}
+
+// ------------------------------------------------------------------------------ mount options
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn follow_symlinks_shows_targets() {
+    let h = Harness::with(
+        FsConfig {
+            follow_symlinks: true,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    std::fs::write(h.disk("t"), b"12345").unwrap();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::fs::write(h.disk("d/inside"), b"").unwrap();
+    std::os::unix::fs::symlink("t", h.disk("l")).unwrap();
+    std::os::unix::fs::symlink("d", h.disk("ld")).unwrap();
+    std::os::unix::fs::symlink("nowhere", h.disk("dangling")).unwrap();
+    // From a listing and without one.
+    for listed in [false, true] {
+        if listed {
+            let dh = h.fs.opendir(ROOT).await.unwrap();
+            for item in h.fs.readdir(dh, 0).unwrap() {
+                if item.name == "l" {
+                    let e = h.fs.readdirplus_entry(ROOT, &item).await.unwrap();
+                    assert_eq!(
+                        (e.attr.kind, e.attr.size),
+                        (FileKind::File, 5),
+                        "readdirplus"
+                    );
+                }
+            }
+            h.fs.releasedir(dh);
+        }
+        let l = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+        assert_eq!((l.kind, l.size), (FileKind::File, 5), "listed={listed}");
+        let ld = h.fs.lookup(ROOT, os("ld")).await.unwrap().attr;
+        assert_eq!(ld.kind, FileKind::Dir, "listed={listed}");
+        let dangling = h.fs.lookup(ROOT, os("dangling")).await.unwrap().attr;
+        assert_eq!(dangling.kind, FileKind::Symlink, "listed={listed}");
+        assert_eq!(
+            h.fs.getattr(l.ino, None).await.unwrap().0.kind,
+            FileKind::File
+        );
+        let dh = h.fs.opendir(ld.ino).await.unwrap();
+        assert_eq!(h.fs.readdir(dh, 0).unwrap().len(), 3);
+        h.fs.releasedir(dh);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idmap_maps_both_ways() {
+    let probe = tempfile::tempdir().unwrap();
+    let m = std::fs::metadata(probe.path()).unwrap();
+    let (ruid, rgid) = (m.uid(), m.gid());
+    let (luid, lgid) = (ruid.wrapping_add(4242), rgid.wrapping_add(4343));
+    let h = Harness::with(
+        FsConfig {
+            idmap: Some(((ruid, rgid), (luid, lgid))),
+            ..config(long_ttls())
+        },
+        None,
+    );
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let a = h.fs.getattr(f, None).await.unwrap().0;
+    assert_eq!((a.uid, a.gid), (luid, lgid));
+    // chown to the mapped ids (e.g. `chown $USER f`) sets the remote ones.
+    let a =
+        h.fs.setattr(
+            f,
+            None,
+            SetattrRequest {
+                uid: Some(luid),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((a.uid, a.gid), (luid, lgid));
+    let m = h.meta("f");
+    assert_eq!((m.uid(), m.gid()), (ruid, rgid));
+    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.uid, luid);
 }
 
 // ------------------------------------------------------------------------------ readdir
