@@ -14,5 +14,6 @@ pub mod kernel_mount;
 pub mod mount;
 pub mod mountinfo;
 pub mod options;
+pub mod policy;
 pub mod remote;
 pub mod unmount;

@@ -1,0 +1,252 @@
+//! The delegation's budget: net bytes added to the workspace and net entries created.
+//!
+//! Every growth is reserved *before* it is sent to the server, under one lock, so two writers
+//! racing for the last bytes cannot both get them, and a write past the budget fails with
+//! `ENOSPC` (or writes the part that fits and returns the short count, as a full disk does)
+//! without anything below the budget being lost. Deleting and truncating down give space back.
+//!
+//! Growth is measured against the size of each file as the mount knows it: its size on the
+//! server when first seen, then every write and truncate through the mount. The accounting
+//! lives in the mount process, so it survives reconnects.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::core::inode::Ino;
+
+#[derive(Debug, Default)]
+struct State {
+    max_bytes: Option<u64>,
+    max_files: Option<u64>,
+    /// Net bytes added since the mount (negative when more was deleted than written).
+    bytes: i64,
+    /// Net entries created since the mount.
+    files: i64,
+    /// Known size of every file the mount has seen and may still change.
+    sizes: HashMap<Ino, u64>,
+    /// Bytes the workspace held at mount time, once measured (for `df`).
+    base: Option<u64>,
+}
+
+/// Why a reservation was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverQuota;
+
+#[derive(Debug, Default)]
+pub struct Quota {
+    state: Mutex<State>,
+}
+
+/// Current usage, for `df` and `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    pub bytes: i64,
+    pub files: i64,
+    pub max_bytes: Option<u64>,
+    pub max_files: Option<u64>,
+    pub base: Option<u64>,
+}
+
+impl Quota {
+    pub fn new(max_bytes: Option<u64>, max_files: Option<u64>) -> Self {
+        Quota {
+            state: Mutex::new(State {
+                max_bytes,
+                max_files,
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// New limits (live policy reload). What is already used stays used.
+    pub fn set_limits(&self, max_bytes: Option<u64>, max_files: Option<u64>) {
+        let mut s = self.state.lock().unwrap();
+        s.max_bytes = max_bytes;
+        s.max_files = max_files;
+    }
+
+    pub fn is_limited(&self) -> bool {
+        let s = self.state.lock().unwrap();
+        s.max_bytes.is_some() || s.max_files.is_some()
+    }
+
+    pub fn usage(&self) -> Usage {
+        let s = self.state.lock().unwrap();
+        Usage {
+            bytes: s.bytes,
+            files: s.files,
+            max_bytes: s.max_bytes,
+            max_files: s.max_files,
+            base: s.base,
+        }
+    }
+
+    pub fn set_base(&self, bytes: u64) {
+        self.state.lock().unwrap().base = Some(bytes);
+    }
+
+    /// Whether the size of `ino` is known.
+    pub fn knows(&self, ino: Ino) -> bool {
+        self.state.lock().unwrap().sizes.contains_key(&ino)
+    }
+
+    /// The server says `ino` has `size` bytes. Used only for a file the mount has not
+    /// tracked yet: after that, the mount's own writes are the truth (the server may lag
+    /// behind writes still in flight).
+    pub fn observe(&self, ino: Ino, size: u64) {
+        self.state.lock().unwrap().sizes.entry(ino).or_insert(size);
+    }
+
+    /// The kernel forgot `ino` and no file of it is open: stop tracking it.
+    pub fn forget(&self, ino: Ino) {
+        self.state.lock().unwrap().sizes.remove(&ino);
+    }
+
+    /// Reserve the growth of writing `len` bytes at `offset` of `ino` (whose size must be
+    /// known, see [`Quota::observe`]). Returns how many bytes may be written: `len`, fewer
+    /// (the part that fits), or `OverQuota` when not one byte fits.
+    pub fn reserve_write(&self, ino: Ino, offset: u64, len: u64) -> Result<u64, OverQuota> {
+        let mut s = self.state.lock().unwrap();
+        let size = s.sizes.get(&ino).copied().unwrap_or(0);
+        let end = offset.saturating_add(len);
+        if end <= size || len == 0 {
+            return Ok(len);
+        }
+        let growth = end - size;
+        let allowed_growth = match s.max_bytes {
+            None => growth,
+            Some(max) => {
+                let left = (max as i64 - s.bytes).max(0) as u64;
+                growth.min(left)
+            }
+        };
+        // The bytes that fit are those up to size + allowed_growth.
+        let new_end = size + allowed_growth;
+        if new_end <= offset {
+            return Err(OverQuota);
+        }
+        s.bytes += allowed_growth as i64;
+        s.sizes.insert(ino, new_end);
+        Ok(new_end - offset)
+    }
+
+    /// `ino` is being truncated to `size`: reserve the growth or give back the shrink.
+    pub fn resize(&self, ino: Ino, size: u64) -> Result<(), OverQuota> {
+        let mut s = self.state.lock().unwrap();
+        let old = s.sizes.get(&ino).copied().unwrap_or(0);
+        if size > old {
+            if let Some(max) = s.max_bytes {
+                if s.bytes + (size - old) as i64 > max as i64 {
+                    return Err(OverQuota);
+                }
+            }
+        }
+        s.bytes += size as i64 - old as i64;
+        s.sizes.insert(ino, size);
+        Ok(())
+    }
+
+    /// A failed resize or write: undo the reservation.
+    pub fn unreserve(&self, ino: Ino, old_size: u64) {
+        let mut s = self.state.lock().unwrap();
+        if let Some(cur) = s.sizes.get(&ino).copied() {
+            s.bytes -= cur as i64 - old_size as i64;
+            s.sizes.insert(ino, old_size);
+        }
+    }
+
+    pub fn size_of(&self, ino: Ino) -> Option<u64> {
+        self.state.lock().unwrap().sizes.get(&ino).copied()
+    }
+
+    /// Reserve one new entry (file, directory, link).
+    pub fn reserve_entry(&self) -> Result<(), OverQuota> {
+        let mut s = self.state.lock().unwrap();
+        if let Some(max) = s.max_files {
+            if s.files + 1 > max as i64 {
+                return Err(OverQuota);
+            }
+        }
+        s.files += 1;
+        Ok(())
+    }
+
+    /// An entry was removed (or a reserved one was not created after all); `bytes` of
+    /// content went with it.
+    pub fn release_entry(&self, ino: Option<Ino>, bytes: u64) {
+        let mut s = self.state.lock().unwrap();
+        s.files -= 1;
+        s.bytes -= bytes as i64;
+        if let Some(ino) = ino {
+            s.sizes.remove(&ino);
+        }
+    }
+
+    /// The new file `ino` starts empty.
+    pub fn created(&self, ino: Ino) {
+        self.state.lock().unwrap().sizes.insert(ino, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_limit_one_over_and_short_writes() {
+        let q = Quota::new(Some(100), None);
+        q.created(7);
+        assert_eq!(q.reserve_write(7, 0, 100), Ok(100));
+        assert_eq!(q.reserve_write(7, 100, 1), Err(OverQuota));
+        // Overwriting inside the file costs nothing.
+        assert_eq!(q.reserve_write(7, 10, 50), Ok(50));
+        q.resize(7, 40).unwrap();
+        assert_eq!(q.usage().bytes, 40);
+        // 60 left: a 100-byte append writes 60.
+        assert_eq!(q.reserve_write(7, 40, 100), Ok(60));
+        assert_eq!(q.reserve_write(7, 100, 1), Err(OverQuota));
+        q.release_entry(Some(7), 100);
+        assert_eq!(q.usage().bytes, 0);
+    }
+
+    #[test]
+    fn sparse_write_beyond_budget_is_refused() {
+        let q = Quota::new(Some(100), None);
+        q.created(1);
+        assert_eq!(q.reserve_write(1, 1000, 10), Err(OverQuota));
+        assert_eq!(q.usage().bytes, 0);
+    }
+
+    #[test]
+    fn racing_writers_get_exactly_the_budget() {
+        let q = std::sync::Arc::new(Quota::new(Some(10_000), None));
+        for i in 0..8 {
+            q.created(i);
+        }
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let q = q.clone();
+                std::thread::spawn(move || {
+                    let mut got = 0;
+                    for k in 0..1000 {
+                        got += q.reserve_write(i, k * 7, 7).unwrap_or(0);
+                    }
+                    got
+                })
+            })
+            .collect();
+        let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        assert_eq!(total, 10_000);
+        assert_eq!(q.usage().bytes, 10_000);
+    }
+
+    #[test]
+    fn entries() {
+        let q = Quota::new(None, Some(2));
+        q.reserve_entry().unwrap();
+        q.reserve_entry().unwrap();
+        assert_eq!(q.reserve_entry(), Err(OverQuota));
+        q.release_entry(None, 0);
+        q.reserve_entry().unwrap();
+    }
+}
