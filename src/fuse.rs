@@ -122,8 +122,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         // Each capability is asked for only if the kernel offers it; none is essential.
         let wanted = [
+            // Always readdirplus (not _AUTO): the entries' types must come from lookup, which
+            // follows an AWCP export's top-level resource links.
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_AUTO_INVAL_DATA,
             InitFlags::FUSE_MAX_PAGES,

@@ -8,6 +8,7 @@ use clap::{ArgAction, Parser, Subcommand};
 use awcp_mount::daemon::{self, Readiness};
 use awcp_mount::mount::{self, MountRequest};
 use awcp_mount::options::{MountOptions, RemoteSpec};
+use awcp_mount::policy::Policy;
 use awcp_mount::unmount;
 
 const AFTER_HELP: &str = "\
@@ -85,6 +86,15 @@ struct Cli {
     #[arg(long = "host-key", value_name = "KEY")]
     host_keys: Vec<String>,
 
+    /// Policy file (default /etc/awcp/policy.toml if it exists, else built-in safe defaults)
+    #[arg(long = "policy", value_name = "FILE")]
+    policy: Option<PathBuf>,
+
+    /// The lease's end (RFC 3339, e.g. 2026-11-22T12:22:29Z): the mount turns read-only then,
+    /// and is unmounted after the policy's grace period
+    #[arg(long = "expires-at", value_name = "TIME")]
+    expires_at: Option<String>,
+
     /// Compression (accepted for sshfs compatibility; not used)
     #[arg(short = 'C', hide = true)]
     compression: bool,
@@ -92,6 +102,27 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Validate a policy file and print the policy it yields
+    CheckPolicy {
+        /// The file (default /etc/awcp/policy.toml)
+        file: Option<PathBuf>,
+    },
+    /// Say whether a mount at MOUNTPOINT would be allowed by the policy, and why not
+    Check {
+        mountpoint: PathBuf,
+        #[arg(long = "policy", value_name = "FILE")]
+        policy: Option<PathBuf>,
+    },
+    /// Turn a running mount read-only now (writes already made are flushed first)
+    Downgrade { mountpoint: PathBuf },
+    /// Show the running mounts: remote, access, quota, lease, connection, traffic
+    Status {
+        /// Only this mount
+        mountpoint: Option<PathBuf>,
+        /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+    },
     /// Unmount an awcp-mount mount point (flushes writes first)
     #[command(alias = "unmount")]
     Umount {
@@ -122,6 +153,10 @@ fn main() -> ExitCode {
     init_logging(cli.debug);
     match cli.command {
         Some(Command::Umount { mountpoint, lazy }) => exit(unmount::unmount(&mountpoint, lazy)),
+        Some(Command::CheckPolicy { file }) => exit(check_policy(file)),
+        Some(Command::Check { mountpoint, policy }) => exit(check_mountpoint(&mountpoint, policy)),
+        Some(Command::Downgrade { mountpoint }) => exit(downgrade(&mountpoint)),
+        Some(Command::Status { mountpoint, json }) => exit(status(mountpoint, json)),
         None => exit(mount_command(cli)),
     }
 }
@@ -160,18 +195,119 @@ fn mount_command(cli: Cli) -> Result<(), String> {
         pinned_host_keys: cli.host_keys,
         key_in_memory: None,
         certificate_in_memory: None,
+        policy_path: cli.policy,
+        expires_at: match &cli.expires_at {
+            Some(t) => Some(
+                awcp_mount::policy::lease::parse_rfc3339(t)
+                    .map_err(|e| format!("--expires-at: {e}"))?,
+            ),
+            None => None,
+        },
     };
-    // Cheap checks first, in the foreground, so their errors reach the terminal directly.
-    mount::check_mountpoint(&req.mountpoint).map_err(|e| e.message)?;
-    mount::ssh_config(&req).map_err(|e| e.message)?;
-    let readiness = if req.foreground {
+    // Every check that needs no network runs here, in the foreground, so its error reaches
+    // the terminal directly.
+    let foreground = req.foreground;
+    let prepared = mount::prepare(req).map_err(|e| e.message)?;
+    let readiness = if foreground {
         Readiness::none()
     } else {
         daemon::daemonize().map_err(|e| format!("cannot daemonize: {e}"))?
     };
-    match mount::run(req, readiness) {
+    match mount::run(prepared, readiness) {
         0 => Ok(()),
         // run() has already reported the error.
         _ => std::process::exit(1),
     }
+}
+
+fn check_policy(file: Option<PathBuf>) -> Result<(), String> {
+    let path = file.unwrap_or_else(|| PathBuf::from(awcp_mount::policy::DEFAULT_POLICY_PATH));
+    let policy = Policy::load(Some(&path)).map_err(|e| e.0)?;
+    print!("{policy}");
+    println!("# {}: OK", path.display());
+    Ok(())
+}
+
+fn check_mountpoint(mountpoint: &std::path::Path, policy: Option<PathBuf>) -> Result<(), String> {
+    let policy = Policy::load(policy.as_deref()).map_err(|e| e.0)?;
+    match awcp_mount::policy::mountpoint::verdict(&policy, mountpoint) {
+        Ok(v) => {
+            let how = if v.would_create {
+                " (it would be created, mode 0700)"
+            } else {
+                ""
+            };
+            println!(
+                "allowed: {}{how} (policy: {})",
+                v.path.display(),
+                policy.source
+            );
+            Ok(())
+        }
+        Err(d) => Err(format!("{d} (policy: {})", policy.source)),
+    }
+}
+
+fn downgrade(mountpoint: &std::path::Path) -> Result<(), String> {
+    let mp = mountpoint
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let answer = awcp_mount::control::request(&mp, "downgrade")?;
+    if answer["ok"].as_bool() == Some(true) {
+        println!("{}: read-only now", mp.display());
+        Ok(())
+    } else {
+        Err(format!(
+            "{}: {}",
+            mp.display(),
+            answer["error"].as_str().unwrap_or("downgrade failed")
+        ))
+    }
+}
+
+fn status(mountpoint: Option<PathBuf>, json: bool) -> Result<(), String> {
+    let all = match mountpoint {
+        Some(mp) => {
+            let mp = mp
+                .canonicalize()
+                .map_err(|e| format!("{}: {e}", mp.display()))?;
+            vec![awcp_mount::control::request(&mp, "status")?]
+        }
+        None => awcp_mount::control::all_status(),
+    };
+    if json {
+        println!("{}", serde_json::Value::Array(all));
+        return Ok(());
+    }
+    if all.is_empty() {
+        println!("no awcp-mount mounts running");
+    }
+    for m in &all {
+        let q = &m["quota"];
+        let limit = |v: &serde_json::Value| {
+            v.as_u64()
+                .map_or("unlimited".to_string(), |n| n.to_string())
+        };
+        println!("{}", m["mountpoint"].as_str().unwrap_or("?"));
+        println!("  remote      {}", m["remote"].as_str().unwrap_or("?"));
+        println!("  access      {}", m["access"].as_str().unwrap_or("?"));
+        println!("  connection  {}", m["connection"].as_str().unwrap_or("?"));
+        println!(
+            "  lease ends  {}",
+            m["expires_at"].as_str().unwrap_or("never")
+        );
+        println!(
+            "  quota       {} of {} bytes, {} of {} files",
+            q["bytes_used"],
+            limit(&q["bytes_max"]),
+            q["files_used"],
+            limit(&q["files_max"])
+        );
+        println!(
+            "  traffic     {} operations, {} bytes read, {} bytes written, {} files open",
+            m["ops"], m["bytes_read"], m["bytes_written"], m["open_files"]
+        );
+        println!("  pid         {}", m["pid"]);
+    }
+    Ok(())
 }

@@ -1,19 +1,22 @@
-//! One mount, start to end: connect, check, mount, serve until unmounted.
+//! One mount, start to end: policy, checks, connect, mount, serve until unmounted.
 //!
-//! The order matters for "nothing is left half-mounted": every check that can fail (options,
-//! keys, the connection, the remote directory, the mount point) happens before the kernel mount,
-//! and a failure at any step leaves nothing behind.
+//! The order matters for "nothing is left half-mounted": every check that can fail (policy,
+//! options, keys, lease, mount point, the connection, the remote directory) happens before the
+//! kernel mount, and a failure at any step leaves nothing behind (a mount point the checks
+//! created is removed again).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use crate::core::cache::CacheConfig;
 use crate::core::{Fs, FsConfig};
 use crate::daemon::Readiness;
 use crate::fuse::FuseAdapter;
 use crate::kernel_mount::{self, KernelMountOptions};
 use crate::options::{MountOptions, RemoteSpec};
+use crate::policy::enforcer::Enforcer;
+use crate::policy::mountpoint::{self, Checked};
+use crate::policy::{AccessMode, Policy};
 use crate::remote::sftp::{
     CertificateSource, HostKeyPolicy, Identity, ReconnectPolicy, SftpRemote, SshConfig,
 };
@@ -33,6 +36,10 @@ pub struct MountRequest {
     /// A private key given in memory (control plane), used before any IdentityFile.
     pub key_in_memory: Option<String>,
     pub certificate_in_memory: Option<String>,
+    /// `--policy FILE` (else the default file, else built-in defaults).
+    pub policy_path: Option<PathBuf>,
+    /// The lease's end (`--expires-at`).
+    pub expires_at: Option<SystemTime>,
 }
 
 /// A failure to mount, with the message the user sees.
@@ -46,6 +53,11 @@ pub struct MountError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MountErrorKind {
     Usage,
+    Policy,
+    /// AWCP `MOUNTPOINT_DENIED`.
+    MountPointDenied,
+    /// AWCP `START_EXPIRED`.
+    Expired,
     Auth,
     HostKey,
     Network,
@@ -160,54 +172,6 @@ pub fn ssh_config(req: &MountRequest) -> Result<SshConfig, MountError> {
     Ok(cfg)
 }
 
-/// Cache settings from sshfs-style options.
-pub fn cache_config(o: &MountOptions) -> CacheConfig {
-    let mut c = CacheConfig::default();
-    if let Some(t) = o.attr_timeout {
-        c.attr_ttl = t;
-    }
-    if let Some(t) = o.entry_timeout {
-        c.entry_ttl = t;
-    }
-    if let Some(t) = o.negative_timeout {
-        c.negative_ttl = t;
-    }
-    if let Some(t) = o.dcache_timeout {
-        c.dir_ttl = t;
-    }
-    if o.dir_cache == Some(false) {
-        c.dir_ttl = Duration::ZERO;
-    }
-    if let Some(n) = o.dcache_max_size {
-        c.max_entries = n.max(1);
-    }
-    c
-}
-
-/// Check the local mount point before connecting: a bad one is the cheapest failure.
-pub fn check_mountpoint(path: &Path) -> Result<PathBuf, MountError> {
-    let mp = |m: String| fail(MountErrorKind::MountPoint, m);
-    let canonical = path
-        .canonicalize()
-        .map_err(|e| mp(format!("mount point {}: {e}", path.display())))?;
-    let meta = std::fs::metadata(&canonical)
-        .map_err(|e| mp(format!("mount point {}: {e}", canonical.display())))?;
-    if !meta.is_dir() {
-        return Err(mp(format!(
-            "mount point {} is not a directory",
-            canonical.display()
-        )));
-    }
-    if crate::mountinfo::is_mount_point(&canonical).unwrap_or(false) {
-        return Err(mp(format!(
-            "mount point {} is busy: something is already mounted there (unmount it first with `awcp-mount umount {}`)",
-            canonical.display(),
-            canonical.display()
-        )));
-    }
-    Ok(canonical)
-}
-
 /// Resolve the remote directory to an absolute path and check it is a directory.
 async fn resolve_root(remote: &SftpRemote, spec: &RemoteSpec) -> Result<PathBuf, MountError> {
     let dir = if spec.dir.is_empty() {
@@ -256,9 +220,89 @@ fn fuse_config(req: &MountRequest, read_only: bool) -> fuser::Config {
     c
 }
 
+/// A mount that passed every local check, ready to connect.
+#[derive(Debug)]
+pub struct Prepared {
+    pub req: MountRequest,
+    pub policy: Policy,
+    /// The policy file to watch for live reload, if there is one.
+    pub policy_file: Option<PathBuf>,
+    pub access: AccessMode,
+    pub mountpoint: Checked,
+    pub ssh: SshConfig,
+}
+
+/// Everything that can be checked without the network, in the foreground (so the messages
+/// reach the terminal): policy, options, keys, lease, mount point.
+pub fn prepare(req: MountRequest) -> Result<Prepared, MountError> {
+    let mut policy =
+        Policy::load(req.policy_path.as_deref()).map_err(|e| fail(MountErrorKind::Policy, e.0))?;
+    policy
+        .tighten(&req.options.tightening())
+        .map_err(|e| fail(MountErrorKind::Policy, e.0))?;
+    let policy_file = match &req.policy_path {
+        Some(p) => Some(p.clone()),
+        None => Some(PathBuf::from(crate::policy::DEFAULT_POLICY_PATH)).filter(|p| p.exists()),
+    };
+    let requested = if req.options.read_only {
+        AccessMode::Ro
+    } else {
+        AccessMode::Rw
+    };
+    let access = policy.grant(requested);
+    if access != requested {
+        tracing::warn!("read-write access requested, but the policy ({}) allows only read-only: mounting read-only", policy.source);
+    }
+    if let Some(t) = req.expires_at {
+        if t <= SystemTime::now() {
+            return Err(fail(
+                MountErrorKind::Expired,
+                format!(
+                    "START_EXPIRED: the lease expired at {}; nothing was mounted",
+                    crate::policy::lease::format_rfc3339(t)
+                ),
+            ));
+        }
+    }
+    let ssh = ssh_config(&req)?;
+    let mountpoint = mountpoint::check(&policy, &req.mountpoint)
+        .map_err(|d| fail(MountErrorKind::MountPointDenied, d.to_string()))?;
+    Ok(Prepared {
+        req,
+        policy,
+        policy_file,
+        access,
+        mountpoint,
+        ssh,
+    })
+}
+
 /// Mount and serve until unmounted. Returns the process exit status.
-pub fn run(req: MountRequest, mut readiness: Readiness) -> i32 {
-    match run_inner(&req, &mut readiness) {
+pub fn run(prepared: Prepared, mut readiness: Readiness) -> i32 {
+    let Prepared {
+        req,
+        policy,
+        policy_file,
+        access,
+        mountpoint,
+        ssh,
+    } = prepared;
+    let created = mountpoint.created.then(|| mountpoint.path.clone());
+    let result = run_inner(
+        &req,
+        policy,
+        policy_file,
+        access,
+        mountpoint,
+        ssh,
+        &mut readiness,
+    );
+    if let (Err(_), Some(dir)) = (&result, created) {
+        // A mount point the checks created is removed again (rmdir: only if empty and
+        // not mounted).
+        let _ = std::fs::remove_dir(dir);
+    }
+    match result {
         Ok(()) => 0,
         Err(e) => {
             if readiness.is_daemon() {
@@ -272,12 +316,20 @@ pub fn run(req: MountRequest, mut readiness: Readiness) -> i32 {
     }
 }
 
-fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountError> {
+#[allow(clippy::too_many_arguments)]
+fn run_inner(
+    req: &MountRequest,
+    policy: Policy,
+    policy_file: Option<PathBuf>,
+    access: AccessMode,
+    checked: Checked,
+    ssh: SshConfig,
+    readiness: &mut Readiness,
+) -> Result<(), MountError> {
     for ignored in &req.options.ignored {
         tracing::debug!(option = %ignored, "option accepted and ignored (no effect on Linux)");
     }
-    let mountpoint = check_mountpoint(&req.mountpoint)?;
-    let ssh = ssh_config(req)?;
+    let mountpoint = checked.path.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("awcp-io")
@@ -296,7 +348,7 @@ fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountE
     })?;
     let remote = Arc::new(remote);
     let root = rt.block_on(resolve_root(&remote, &req.remote))?;
-    let read_only = req.options.read_only;
+    let read_only = access == AccessMode::Ro;
 
     let idmap = if req.options.idmap_user {
         let a = rt.block_on(remote.stat(&root)).map_err(|e| {
@@ -315,11 +367,13 @@ fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountE
     } else {
         None
     };
+    let enforcer = Arc::new(Enforcer::from_policy(&policy));
     let config = FsConfig {
-        cache: cache_config(&req.options),
+        cache: policy.cache,
         read_only,
         follow_symlinks: req.options.follow_symlinks,
         idmap,
+        enforcer: enforcer.clone(),
     };
     let fs = Arc::new(Fs::new(
         remote.clone(),
@@ -336,8 +390,8 @@ fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountE
         )
     };
     let (session, unmounter) = if nix::unistd::geteuid().is_root() {
-        let dir = kernel_mount::open_dir_nofollow(&mountpoint).map_err(mount_err)?;
-        let dev = kernel_mount::mount_on_fd(&dir, &kernel_mount_options(req, read_only))
+        // On the directory the checks opened: a path swapped meanwhile cannot redirect us.
+        let dev = kernel_mount::mount_on_fd(&checked.dir, &kernel_mount_options(req, read_only))
             .map_err(mount_err)?;
         match fuser::Session::from_fd(adapter, dev, fuse_cfg.acl, fuse_cfg.clone()) {
             Ok(s) => (s, Unmounter::Direct(mountpoint.clone())),
@@ -354,6 +408,35 @@ fn run_inner(req: &MountRequest, readiness: &mut Readiness) -> Result<(), MountE
     };
     tracing::info!(remote = %root.display(), mountpoint = %mountpoint.display(), "mounted");
     let lost = watch_connection(&remote, &rt, mountpoint.clone());
+    let _guard = rt.enter();
+    let info = MountInfo {
+        remote: fsname(req),
+        mountpoint: mountpoint.clone(),
+        expires_at: req.expires_at,
+        policy_source: policy.source.clone(),
+    };
+    let _control = crate::control::serve(&mountpoint, control_handlers(&fs, &remote, info))
+        .map_err(|e| tracing::warn!("no control socket (status/downgrade unavailable): {e}"))
+        .ok();
+    if let Some(t) = req.expires_at {
+        rt.spawn(enforce_lease(
+            fs.clone(),
+            mountpoint.clone(),
+            t,
+            policy.grace,
+        ));
+    }
+    if root_has_quota_limit(&policy) {
+        rt.spawn(measure_base_usage(
+            remote.clone(),
+            root.clone(),
+            enforcer.clone(),
+        ));
+    }
+    let _watch = match &policy_file {
+        Some(file) => watch_policy(file, req, fs.clone(), mountpoint.clone()),
+        None => None,
+    };
     serve(session, unmounter, fs, &rt, mountpoint, readiness)?;
     if lost.load(std::sync::atomic::Ordering::Acquire) {
         return Err(fail(
@@ -523,4 +606,188 @@ fn serve<R: Remote>(
             format!("FUSE session ended with an error: {e}"),
         )
     })
+}
+
+/// What `status` reports about a mount besides live counters.
+#[derive(Debug, Clone)]
+struct MountInfo {
+    remote: String,
+    mountpoint: PathBuf,
+    expires_at: Option<SystemTime>,
+    policy_source: String,
+}
+
+/// Turn the mount read-only now: every mutating operation gets EROFS from this moment, writes
+/// already acknowledged are flushed to the server, and (as root) the kernel mount itself is
+/// remounted `ro` so tools see it in /proc/mounts too.
+pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<(), String> {
+    let first = !fs.is_read_only();
+    fs.set_read_only();
+    let flushed = fs.flush_all().await;
+    if first {
+        tracing::warn!(mountpoint = %mountpoint.display(), "mount downgraded to read-only");
+    }
+    if nix::unistd::geteuid().is_root() {
+        use nix::mount::MsFlags;
+        let mp = mountpoint.to_path_buf();
+        let remounted = tokio::task::spawn_blocking(move || {
+            nix::mount::mount(
+                None::<&str>,
+                &mp,
+                None::<&str>,
+                MsFlags::MS_REMOUNT
+                    | MsFlags::MS_BIND
+                    | MsFlags::MS_RDONLY
+                    | MsFlags::MS_NODEV
+                    | MsFlags::MS_NOSUID,
+                None::<&str>,
+            )
+        })
+        .await;
+        if let Ok(Err(e)) = remounted {
+            tracing::info!(
+                "kernel remount read-only failed ({e}); the filesystem refuses writes itself"
+            );
+        }
+    }
+    flushed.map_err(|e| format!("downgraded, but some writes failed to flush: {e}"))
+}
+
+/// At the lease's end: read-only at once, unmounted after the grace period.
+async fn enforce_lease<R: Remote>(
+    fs: Arc<Fs<R>>,
+    mountpoint: PathBuf,
+    expires_at: SystemTime,
+    grace: Duration,
+) {
+    let wait = expires_at
+        .duration_since(SystemTime::now())
+        .unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    tracing::warn!(
+        "the lease expired: the mount is read-only now and will be unmounted in {} s",
+        grace.as_secs()
+    );
+    if let Err(e) = downgrade(&fs, &mountpoint).await {
+        tracing::warn!("{e}");
+    }
+    tokio::time::sleep(grace).await;
+    tracing::warn!(
+        "lease grace period over: unmounting {}",
+        mountpoint.display()
+    );
+    let _ = tokio::task::spawn_blocking(move || {
+        if nix::mount::umount2(&mountpoint, nix::mount::MntFlags::empty()).is_err() {
+            // Busy: detach; the files still open keep working read-only until closed.
+            let _ = nix::mount::umount2(&mountpoint, nix::mount::MntFlags::MNT_DETACH);
+        }
+    })
+    .await;
+}
+
+fn control_handlers(
+    fs: &Arc<Fs<SftpRemote>>,
+    remote: &Arc<SftpRemote>,
+    info: MountInfo,
+) -> crate::control::Handlers {
+    let status_fs = fs.clone();
+    let status_remote = remote.clone();
+    let downgrade_fs = fs.clone();
+    let mountpoint = info.mountpoint.clone();
+    crate::control::Handlers {
+        status: Box::new(move || {
+            use std::sync::atomic::Ordering::Relaxed;
+            let u = status_fs.enforcer().quota.usage();
+            let stats = &status_fs.stats;
+            serde_json::json!({
+                "mountpoint": info.mountpoint.display().to_string(),
+                "remote": info.remote,
+                "pid": std::process::id(),
+                "access": if status_fs.is_read_only() { "ro" } else { "rw" },
+                "connection": format!("{:?}", *status_remote.state().borrow()),
+                "expires_at": info.expires_at.map(crate::policy::lease::format_rfc3339),
+                "policy": info.policy_source,
+                "quota": {
+                    "bytes_used": u.bytes, "bytes_max": u.max_bytes,
+                    "files_used": u.files, "files_max": u.max_files,
+                },
+                "ops": stats.ops.load(Relaxed),
+                "bytes_read": stats.bytes_read.load(Relaxed),
+                "bytes_written": stats.bytes_written.load(Relaxed),
+                "open_files": status_fs.open_file_count(),
+            })
+        }),
+        downgrade: Box::new(move || {
+            let fs = downgrade_fs.clone();
+            let mp = mountpoint.clone();
+            Box::pin(async move { downgrade(&fs, &mp).await })
+        }),
+    }
+}
+
+fn root_has_quota_limit(policy: &Policy) -> bool {
+    policy.max_bytes.is_some()
+}
+
+/// How many bytes the workspace held at mount time, for `df` (total = that + the quota).
+/// A bounded walk in the background: `df` shows the budget alone until it is done.
+async fn measure_base_usage(remote: Arc<SftpRemote>, root: PathBuf, enforcer: Arc<Enforcer>) {
+    const MAX_ENTRIES: usize = 1_000_000;
+    let mut total = 0u64;
+    let mut seen = 0usize;
+    let mut dirs = vec![root];
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = remote.read_dir(&dir).await else {
+            continue;
+        };
+        for e in entries {
+            seen += 1;
+            match e.attrs.file_type() {
+                crate::remote::FileKind::Dir => dirs.push(dir.join(&e.name)),
+                crate::remote::FileKind::File => total += e.attrs.size.unwrap_or(0),
+                _ => {}
+            }
+        }
+        if seen > MAX_ENTRIES {
+            tracing::info!("workspace too large to measure for df; showing the quota alone");
+            return;
+        }
+    }
+    enforcer.quota.set_base(total);
+}
+
+/// Follow edits of the policy file: quota, symlink mode and cache lifetimes apply at once;
+/// access can only be tightened (a policy that no longer allows rw downgrades the mount).
+fn watch_policy(
+    file: &Path,
+    req: &MountRequest,
+    fs: Arc<Fs<SftpRemote>>,
+    mountpoint: PathBuf,
+) -> Option<crate::policy::reload::PolicyWatch> {
+    let tightening = req.options.tightening();
+    let rt = fs.runtime().clone();
+    let watched = crate::policy::reload::watch(
+        file,
+        move |p| p.tighten(&tightening),
+        move |p: Policy| {
+            fs.enforcer().apply(&p);
+            fs.set_cache_config(p.cache);
+            if !p.allows(AccessMode::Rw) && !fs.is_read_only() {
+                let fs = fs.clone();
+                let mp = mountpoint.clone();
+                rt.spawn(async move {
+                    if let Err(e) = downgrade(&fs, &mp).await {
+                        tracing::warn!("{e}");
+                    }
+                });
+            }
+        },
+    );
+    match watched {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!("the policy will not be reloaded live: {e}");
+            None
+        }
+    }
 }

@@ -10,6 +10,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::policy::{SymlinkMode, Tightening};
+
 /// What `-o` options can set.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct MountOptions {
@@ -41,6 +43,12 @@ pub struct MountOptions {
     pub fsname: Option<String>,
     pub subtype: Option<String>,
     pub debug: bool,
+    /// Policy settings restated on the command line (they may only tighten the policy).
+    pub symlinks: Option<SymlinkMode>,
+    pub max_bytes: Option<u64>,
+    pub max_files: Option<u64>,
+    pub mount_root: Option<PathBuf>,
+    pub grace_seconds: Option<u64>,
     /// Kernel mount flags passed through (`nodev`, `nosuid`, `noexec`, `noatime`, ...).
     pub kernel_flags: Vec<String>,
     /// Options we accepted but do nothing with, for the debug log.
@@ -263,6 +271,30 @@ impl MountOptions {
                 ))
             }
             ("fsname", Some(v)) => self.fsname = Some(v.to_string()),
+            ("symlinks", Some(v)) => {
+                self.symlinks = Some(v.parse().map_err(|e: String| bad(name, e))?)
+            }
+            ("max_bytes", Some(v)) => self.max_bytes = Some(parse_num(name, v)?),
+            ("max_files", Some(v)) => self.max_files = Some(parse_num(name, v)?),
+            ("grace_seconds", Some(v)) => self.grace_seconds = Some(parse_num(name, v)?),
+            ("mount_root", Some(v)) => {
+                let p = PathBuf::from(v);
+                if !p.is_absolute() {
+                    return Err(bad(name, "must be an absolute path"));
+                }
+                self.mount_root = Some(p);
+            }
+            // sshfs's own containment switches: ours is the policy's `symlinks` mode.
+            ("contain_symlinks", None) => {
+                self.symlinks = Some(
+                    self.symlinks
+                        .unwrap_or(SymlinkMode::Contain)
+                        .max(SymlinkMode::Contain),
+                )
+            }
+            ("no_contain_symlinks", None) => {
+                self.symlinks = Some(self.symlinks.unwrap_or(SymlinkMode::Allow))
+            }
             ("subtype", Some(v)) => self.subtype = Some(v.to_string()),
             _ if KERNEL_FLAGS.contains(&name) && value.is_none() => {
                 self.kernel_flags.push(name.to_string())
@@ -284,7 +316,8 @@ impl MountOptions {
             (
                 "entry_timeout" | "attr_timeout" | "negative_timeout" | "dir_cache"
                 | "dcache_timeout" | "dcache_max_size" | "max_conns" | "idmap" | "fsname"
-                | "subtype",
+                | "subtype" | "symlinks" | "max_bytes" | "max_files" | "grace_seconds"
+                | "mount_root",
                 None,
             ) => return Err(bad(name, format!("needs a value, as in {name}=VALUE"))),
             _ => {
@@ -295,6 +328,28 @@ impl MountOptions {
             }
         }
         Ok(())
+    }
+}
+
+impl MountOptions {
+    /// The policy settings these options restate (each may only tighten the policy).
+    pub fn tightening(&self) -> Tightening {
+        Tightening {
+            symlinks: self.symlinks,
+            mount_root: self.mount_root.clone(),
+            max_bytes: self.max_bytes,
+            max_files: self.max_files,
+            grace: self.grace_seconds.map(Duration::from_secs),
+            attr_ttl: self.attr_timeout,
+            entry_ttl: self.entry_timeout,
+            negative_ttl: self.negative_timeout,
+            dir_ttl: if self.dir_cache == Some(false) {
+                Some(Duration::ZERO)
+            } else {
+                self.dcache_timeout
+            },
+            max_entries: self.dcache_max_size,
+        }
     }
 }
 

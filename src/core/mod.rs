@@ -27,6 +27,9 @@ use self::errno::{check_name, Inference, Op};
 use self::file::{OpenFile, WriteJob};
 use self::inode::{Ino, InodeTable, Location, ROOT_INO};
 use crate::error::{FsError, FsResult};
+use crate::policy::containment;
+use crate::policy::enforcer::Enforcer;
+use crate::policy::SymlinkMode;
 use crate::remote::{
     Attrs, DirEntry, FileKind, OpenFlags, Remote, RemoteError, RenameMode, SetAttrs, Status,
 };
@@ -134,6 +137,8 @@ pub struct FsConfig {
     pub follow_symlinks: bool,
     /// `idmap=user`: (remote uid, remote gid) shown as (local uid, local gid).
     pub idmap: Option<((u32, u32), (u32, u32))>,
+    /// The live policy: symlink mode and quota.
+    pub enforcer: Arc<Enforcer>,
 }
 
 /// Counters for `awcp-mount status`.
@@ -162,6 +167,14 @@ pub struct Fs<R: Remote> {
     files: Mutex<HashMap<u64, Arc<OpenFile<R>>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
+    enforcer: Arc<Enforcer>,
+    /// Top-level symlinks with absolute targets that the mount follows on the server: the
+    /// resource links of an AWCP export. Name -> the target's real path on the server, the
+    /// containment root for everything below it.
+    resource_links: Mutex<HashMap<OsString, PathBuf>>,
+    /// Whether the export is an AWCP export (`.awcp/manifest.json` at its root) and, if its
+    /// manifest names them, which top-level names are resources. Read once.
+    awcp_export: tokio::sync::OnceCell<Option<Vec<OsString>>>,
     pub stats: Stats,
 }
 
@@ -186,6 +199,34 @@ fn remote_err(op: Op, err: &RemoteError, what: impl std::fmt::Display) -> FsErro
     FsError::new(errno, format!("{what}: {err}"))
 }
 
+/// Resource names an AWCP manifest declares: the `name` of each object in a `resources` array,
+/// wherever it is. Empty when the manifest names none (or is not JSON we understand).
+fn manifest_resource_names(text: &[u8]) -> Vec<OsString> {
+    fn walk(v: &serde_json::Value, out: &mut Vec<OsString>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if let Some(serde_json::Value::Array(rs)) = m.get("resources") {
+                    for r in rs {
+                        if let Some(n) = r.get("name").and_then(|n| n.as_str()) {
+                            out.push(n.into());
+                        }
+                    }
+                }
+                m.values().for_each(|v| walk(v, out));
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(text) {
+        walk(&v, &mut out);
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
 /// Names a hostile server might send in a listing that must never reach the kernel.
 fn is_valid_listing_name(name: &OsStr) -> bool {
     check_name(name).is_ok() && name != "." && name != ".."
@@ -200,6 +241,7 @@ impl<R: Remote> Fs<R> {
         config: FsConfig,
         rt: tokio::runtime::Handle,
     ) -> Self {
+        let enforcer = config.enforcer.clone();
         Fs {
             remote,
             rt,
@@ -211,6 +253,9 @@ impl<R: Remote> Fs<R> {
             files: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
+            enforcer,
+            resource_links: Mutex::new(HashMap::new()),
+            awcp_export: tokio::sync::OnceCell::new(),
             stats: Stats::default(),
         }
     }
@@ -225,6 +270,12 @@ impl<R: Remote> Fs<R> {
 
     pub fn cache_config(&self) -> CacheConfig {
         self.config.lock().unwrap().cache
+    }
+
+    /// New cache lifetimes and bounds (live policy reload).
+    pub fn set_cache_config(&self, cache: CacheConfig) {
+        self.config.lock().unwrap().cache = cache;
+        self.cache.lock().unwrap().reconfigure(cache);
     }
 
     pub fn is_read_only(&self) -> bool {
@@ -255,6 +306,34 @@ impl<R: Remote> Fs<R> {
         } else {
             Ok(())
         }
+    }
+
+    /// Count one more entry against the quota, or refuse with ENOSPC.
+    fn reserve_entry(&self, path: &Path) -> FsResult<()> {
+        self.enforcer.quota.reserve_entry().map_err(|_| {
+            FsError::new(
+                libc::ENOSPC,
+                format!("{}: the delegation's file quota is used up", path.display()),
+            )
+        })
+    }
+
+    /// The size of `ino` for quota accounting: tracked, or asked of the server.
+    async fn quota_size(&self, ino: Option<Ino>, path: &Path) -> u64 {
+        if !self.enforcer.quota.is_limited() {
+            return 0;
+        }
+        if let Some(size) = ino.and_then(|i| self.enforcer.quota.size_of(i)) {
+            return size;
+        }
+        match self.remote.lstat(path).await {
+            Ok(a) if a.file_type() == FileKind::File => a.size.unwrap_or(0),
+            _ => 0,
+        }
+    }
+
+    pub fn enforcer(&self) -> &Arc<Enforcer> {
+        &self.enforcer
     }
 
     fn alloc_fh(&self) -> u64 {
@@ -328,13 +407,122 @@ impl<R: Remote> Fs<R> {
     /// lstat (or stat, with follow_symlinks) of a server path.
     async fn stat_path(&self, path: &Path) -> Result<Attrs, RemoteError> {
         let attrs = self.remote.lstat(path).await?;
-        if attrs.file_type() == FileKind::Symlink && self.config.lock().unwrap().follow_symlinks {
-            // A dangling link stays visible as a link.
-            if let Ok(target) = self.remote.stat(path).await {
-                return Ok(target);
+        if attrs.file_type() != FileKind::Symlink {
+            return Ok(attrs);
+        }
+        let rel = path.strip_prefix(&self.root).unwrap_or(path);
+        if rel.components().count() == 1 && self.is_resource_name(rel.as_os_str()).await {
+            // An AWCP export is a directory of links, one per resource, to the real source
+            // directories: the workspace is what they point to. Only a top-level link to a
+            // directory by absolute path counts; anything else stays a link.
+            if let Ok(target) = self.remote.readlink(path).await {
+                if target.is_absolute() {
+                    if let (Ok(real), Ok(a)) = (
+                        self.remote.realpath(path).await,
+                        self.remote.stat(path).await,
+                    ) {
+                        if a.file_type() == FileKind::Dir {
+                            let name = rel.as_os_str().to_os_string();
+                            self.resource_links.lock().unwrap().insert(name, real);
+                            return Ok(a);
+                        }
+                    }
+                }
             }
         }
-        Ok(attrs)
+        let follow = self.config.lock().unwrap().follow_symlinks;
+        match self.enforcer.symlinks() {
+            _ if !follow => Ok(attrs),
+            SymlinkMode::Deny => Ok(attrs),
+            // The server resolves the link: it must still land inside the workspace, or the
+            // link is shown as a link (whose readlink is refused).
+            SymlinkMode::Contain if !self.server_contains(path).await => Ok(attrs),
+            // A dangling link stays visible as a link.
+            _ => Ok(self.remote.stat(path).await.unwrap_or(attrs)),
+        }
+    }
+
+    /// Whether the top-level `name` may be an AWCP resource link.
+    async fn is_resource_name(&self, name: &OsStr) -> bool {
+        let resources = self
+            .awcp_export
+            .get_or_init(|| async {
+                let manifest = self.root.join(".awcp/manifest.json");
+                let text = self.read_small_file(&manifest).await?;
+                Some(manifest_resource_names(&text))
+            })
+            .await;
+        match resources {
+            None => false,
+            Some(names) if names.is_empty() => true,
+            Some(names) => names.iter().any(|n| n == name),
+        }
+    }
+
+    /// Read a small file whole (at most 1 MiB), or None.
+    async fn read_small_file(&self, path: &Path) -> Option<Vec<u8>> {
+        let h = self
+            .remote
+            .open(path, OpenFlags::read_only(), 0)
+            .await
+            .ok()?;
+        let mut out = Vec::new();
+        let max = self.remote.limits().max_read.max(4096);
+        while out.len() < 1 << 20 {
+            match self.remote.read(&h, out.len() as u64, max).await {
+                Ok(b) if !b.is_empty() => out.extend_from_slice(&b),
+                _ => break,
+            }
+        }
+        let _ = self.remote.close(&h).await;
+        Some(out)
+    }
+
+    /// The containment root of a server path: the resource link's target for paths below
+    /// one, else the export root.
+    fn containment_root(&self, path: &Path) -> (PathBuf, PathBuf) {
+        let rel = path.strip_prefix(&self.root).unwrap_or(path).to_path_buf();
+        let mut comps = rel.components();
+        if let Some(first) = comps.next() {
+            let links = self.resource_links.lock().unwrap();
+            if let Some(real) = links.get(first.as_os_str()) {
+                return (real.clone(), comps.as_path().to_path_buf());
+            }
+        }
+        (self.root.clone(), rel)
+    }
+
+    /// Whether the server resolves `path` (following every link) to inside its workspace.
+    async fn server_contains(&self, path: &Path) -> bool {
+        let (root, _) = self.containment_root(path);
+        match self.remote.realpath(path).await {
+            Ok(real) => real.starts_with(&root),
+            Err(_) => false,
+        }
+    }
+
+    /// Apply the symlink mode to a link at `path` with `target`.
+    fn check_symlink(&self, path: &Path, target: &Path) -> FsResult<()> {
+        match self.enforcer.symlinks() {
+            SymlinkMode::Allow => Ok(()),
+            SymlinkMode::Deny => Err(FsError::new(
+                libc::EPERM,
+                format!("{}: symlinks are denied by policy", path.display()),
+            )),
+            SymlinkMode::Contain => {
+                let (_, rel) = self.containment_root(path);
+                containment::check_target(&rel, target).map_err(|why| {
+                    FsError::new(
+                        libc::EPERM,
+                        format!(
+                            "{} -> {}: {why}; refused by the symlink policy (contain)",
+                            path.display(),
+                            target.display()
+                        ),
+                    )
+                })
+            }
+        }
     }
 
     /// What is at `path` now, for errno inference (None if nothing or unknowable).
@@ -498,6 +686,9 @@ impl<R: Remote> Fs<R> {
             }
         };
         let attrs = self.with_pending_size(ino, attrs);
+        if let (FileKind::File, Some(size)) = (attrs.file_type(), attrs.size) {
+            self.enforcer.quota.observe(ino, size);
+        }
         self.cache_attrs_from(ino, CachedAttrs { attrs, nlink }, since);
         self.make_attr(ino, &attrs, nlink)
     }
@@ -520,7 +711,8 @@ impl<R: Remote> Fs<R> {
                 // (An entry whose size is unknown changed through the mount: ask the server.)
                 Some(Some(e))
                     if e.attrs.size.is_some()
-                        && !(follow && e.attrs.file_type() == FileKind::Symlink) =>
+                        && !((follow || parent == ROOT_INO)
+                            && e.attrs.file_type() == FileKind::Symlink) =>
                 {
                     drop(cache);
                     return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
@@ -555,6 +747,9 @@ impl<R: Remote> Fs<R> {
         inodes.forget(ino, nlookup);
         if !inodes.contains(ino) {
             self.cache.lock().unwrap().forget_inode(ino);
+            if self.any_open_file(ino).is_none() {
+                self.enforcer.quota.forget(ino);
+            }
         }
     }
 
@@ -698,6 +893,28 @@ impl<R: Remote> Fs<R> {
         } else {
             Op::Setattr
         };
+        // Truncating up is charged to the quota, down gives back.
+        let quota = &self.enforcer.quota;
+        let resized_from = match req.size {
+            Some(size) if quota.is_limited() => {
+                if !quota.knows(ino) {
+                    let known = match &file {
+                        Some(f) => self.remote.fstat(&f.handle().await).await.ok(),
+                        None => match &path {
+                            Ok(p) => self.remote.lstat(p).await.ok(),
+                            Err(_) => None,
+                        },
+                    };
+                    quota.observe(ino, known.and_then(|a| a.size).unwrap_or(0));
+                }
+                let old = quota.size_of(ino).unwrap_or(0);
+                quota.resize(ino, size).map_err(|_| {
+                    FsError::new(libc::ENOSPC, "the delegation's byte quota is used up")
+                })?;
+                Some(old)
+            }
+            _ => None,
+        };
 
         if !set.is_empty() {
             let result = match (&file, kind) {
@@ -727,6 +944,9 @@ impl<R: Remote> Fs<R> {
                 }
             };
             if let Err(e) = result {
+                if let Some(old) = resized_from {
+                    quota.unreserve(ino, old);
+                }
                 let target = path.clone().unwrap_or_else(|_| self.root.clone());
                 return Err(self.explain(op, e, &target, None).await);
             }
@@ -776,17 +996,21 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn readlink(&self, ino: Ino) -> FsResult<PathBuf> {
-        if let Some(t) = self.cache.lock().unwrap().get_link(ino) {
-            return Ok(t);
-        }
         let path = self.path_of(ino)?;
-        match self.remote.readlink(&path).await {
-            Ok(target) => {
-                self.cache.lock().unwrap().put_link(ino, target.clone());
-                Ok(target)
-            }
-            Err(e) => Err(self.explain(Op::Readlink, e, &path, None).await),
-        }
+        let cached = self.cache.lock().unwrap().get_link(ino);
+        let target = match cached {
+            Some(t) => t,
+            None => match self.remote.readlink(&path).await {
+                Ok(target) => {
+                    self.cache.lock().unwrap().put_link(ino, target.clone());
+                    target
+                }
+                Err(e) => return Err(self.explain(Op::Readlink, e, &path, None).await),
+            },
+        };
+        // Checked on every read, not when cached: the policy may have changed meanwhile.
+        self.check_symlink(&path, &target)?;
+        Ok(target)
     }
 
     /// Look up what was just created, fixing its permission bits when the server's umask
@@ -844,7 +1068,9 @@ impl<R: Remote> Fs<R> {
         self.check_writable("mkdir")?;
         let path = self.child_path(parent, name)?;
         let perm = mode & !umask & 0o7777;
+        self.reserve_entry(&path)?;
         if let Err(e) = self.remote.mkdir(&path, perm).await {
+            self.enforcer.quota.release_entry(None, 0);
             return Err(self.explain(Op::Mkdir, e, &path, None).await);
         }
         self.finish_create(parent, name, &path, Some(perm)).await
@@ -856,7 +1082,10 @@ impl<R: Remote> Fs<R> {
         if target.as_os_str().is_empty() {
             return Err(FsError::new(libc::ENOENT, "empty symlink target"));
         }
+        self.check_symlink(&path, target)?;
+        self.reserve_entry(&path)?;
         if let Err(e) = self.remote.symlink(target, &path).await {
+            self.enforcer.quota.release_entry(None, 0);
             return Err(self.explain(Op::Symlink, e, &path, None).await);
         }
         self.finish_create(parent, name, &path, None).await
@@ -865,9 +1094,12 @@ impl<R: Remote> Fs<R> {
     pub async fn unlink(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("unlink")?;
         let path = self.child_path(parent, name)?;
+        let ino = self.inodes.lock().unwrap().child(parent, name);
+        let size = self.quota_size(ino, &path).await;
         if let Err(e) = self.remote.remove(&path).await {
             return Err(self.explain(Op::Unlink, e, &path, None).await);
         }
+        self.enforcer.quota.release_entry(ino, size);
         self.removed(parent, name);
         Ok(())
     }
@@ -878,6 +1110,7 @@ impl<R: Remote> Fs<R> {
         if let Err(e) = self.remote.rmdir(&path).await {
             return Err(self.explain(Op::Rmdir, e, &path, None).await);
         }
+        self.enforcer.quota.release_entry(None, 0);
         self.removed(parent, name);
         Ok(())
     }
@@ -931,6 +1164,23 @@ impl<R: Remote> Fs<R> {
         } else {
             RenameMode::Replace
         };
+        // A replaced target gives its entry and bytes back to the quota.
+        let replaced = if self.enforcer.quota.is_limited() && mode == RenameMode::Replace {
+            let target_ino = self.inodes.lock().unwrap().child(new_parent, new_name);
+            match self.remote.lstat(&to).await {
+                Ok(a) => Some((
+                    target_ino,
+                    if a.file_type() == FileKind::File {
+                        self.quota_size(target_ino, &to).await
+                    } else {
+                        0
+                    },
+                )),
+                Err(_) => None,
+            }
+        } else {
+            None
+        };
         if let Err(e) = self.remote.rename(&from, &to, mode).await {
             let mut err = self.explain(Op::Rename, e, &to, Some(&from)).await;
             // Plain SFTP RENAME refuses an existing target with the generic FAILURE.
@@ -941,6 +1191,9 @@ impl<R: Remote> Fs<R> {
                 err.errno = libc::EEXIST;
             }
             return Err(err);
+        }
+        if let Some((target_ino, size)) = replaced {
+            self.enforcer.quota.release_entry(target_ino, size);
         }
         self.inodes
             .lock()
@@ -963,7 +1216,9 @@ impl<R: Remote> Fs<R> {
         self.check_writable("link")?;
         let existing = self.path_of(ino)?;
         let new = self.child_path(new_parent, new_name)?;
+        self.reserve_entry(&new)?;
         if let Err(e) = self.remote.hardlink(&existing, &new).await {
+            self.enforcer.quota.release_entry(None, 0);
             return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
         }
         self.attrs_changed(ino, None);
@@ -984,6 +1239,20 @@ impl<R: Remote> Fs<R> {
         };
         if flags.truncate {
             self.attrs_changed(ino, None);
+        }
+        if flags.write && self.enforcer.quota.is_limited() {
+            // Writes are charged by how far they grow the file: know its size first.
+            if flags.truncate {
+                let _ = self.enforcer.quota.resize(ino, 0);
+            } else if !self.enforcer.quota.knows(ino) {
+                match self.remote.fstat(&handle).await {
+                    Ok(a) => self.enforcer.quota.observe(ino, a.size.unwrap_or(0)),
+                    Err(e) => {
+                        let _ = self.remote.close(&handle).await;
+                        return Err(remote_err(Op::Open, &e, "fstat"));
+                    }
+                }
+            }
         }
         let fh = self.alloc_fh();
         self.files
@@ -1011,9 +1280,11 @@ impl<R: Remote> Fs<R> {
         if !flags.read && !flags.write {
             flags.read = true;
         }
+        self.reserve_entry(&path)?;
         let handle = match self.remote.open(&path, flags, perm).await {
             Ok(h) => h,
             Err(e) => {
+                self.enforcer.quota.release_entry(None, 0);
                 let mut err = self.explain(Op::Create, e, &path, None).await;
                 // O_CREAT|O_EXCL over anything existing, a directory too, is EEXIST.
                 if flags.exclusive && err.errno == libc::EISDIR {
@@ -1029,6 +1300,9 @@ impl<R: Remote> Fs<R> {
                 return Err(e);
             }
         };
+        if entry.attr.size == 0 {
+            self.enforcer.quota.created(entry.attr.ino);
+        }
         let fh = self.alloc_fh();
         self.files
             .lock()
@@ -1149,10 +1423,18 @@ impl<R: Remote> Fs<R> {
         let queued = (|| {
             self.check_writable("write")?;
             let file = self.file(fh)?;
+            // Reserve the growth now, in order with the other writes: what does not fit is
+            // not written (a short write), and a write of which nothing fits gets ENOSPC.
+            let fits = self
+                .enforcer
+                .quota
+                .reserve_write(file.ino, offset, data.len() as u64)
+                .map_err(|_| FsError::new(libc::ENOSPC, "the delegation's byte quota is used up"))?
+                as usize;
             let (done, rx) = oneshot::channel();
             let job = WriteJob::Data {
                 offset,
-                data: Bytes::copy_from_slice(data),
+                data: Bytes::copy_from_slice(&data[..fits.min(data.len())]),
                 done,
             };
             if !file.submit(self, job) {
@@ -1349,7 +1631,8 @@ impl<R: Remote> Fs<R> {
             .attrs
             .ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
         let follow = self.config.lock().unwrap().follow_symlinks;
-        if attrs.size.is_none() || (follow && attrs.file_type() == FileKind::Symlink) {
+        let at_root = parent == ROOT_INO;
+        if attrs.size.is_none() || ((follow || at_root) && attrs.file_type() == FileKind::Symlink) {
             return self.lookup(parent, &item.name).await;
         }
         Ok(self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at)))
@@ -1367,7 +1650,7 @@ impl<R: Remote> Fs<R> {
 
     pub async fn statfs(&self) -> FsResult<StatFs> {
         match self.remote.statvfs(&self.root).await {
-            Ok(v) => Ok(StatFs {
+            Ok(v) => Ok(self.with_quota(StatFs {
                 blocks: v.blocks,
                 bfree: v.bfree,
                 bavail: v.bavail,
@@ -1376,7 +1659,7 @@ impl<R: Remote> Fs<R> {
                 bsize: v.bsize.min(u32::MAX as u64) as u32,
                 namelen: v.namemax.min(255) as u32,
                 frsize: v.frsize.min(u32::MAX as u64) as u32,
-            }),
+            })),
             Err(RemoteError::Unsupported(_)) => Ok(StatFs {
                 bsize: 4096,
                 frsize: 4096,
@@ -1385,6 +1668,26 @@ impl<R: Remote> Fs<R> {
             }),
             Err(e) => Err(remote_err(Op::Statfs, &e, "statvfs")),
         }
+    }
+
+    /// `df` shows the quota: total = what the workspace held at mount + the budget, free =
+    /// what is left of it (or the server's real free space when that is smaller).
+    fn with_quota(&self, mut s: StatFs) -> StatFs {
+        let u = self.enforcer.quota.usage();
+        let frsize = u64::from(s.frsize.max(1));
+        if let Some(max) = u.max_bytes {
+            let left = (max as i64 - u.bytes).max(0) as u64 / frsize;
+            let base = u.base.unwrap_or(0) / frsize;
+            s.blocks = base + max / frsize;
+            s.bfree = s.bfree.min(left);
+            s.bavail = s.bavail.min(left);
+        }
+        if let Some(max) = u.max_files {
+            let left = (max as i64 - u.files).max(0) as u64;
+            s.files = s.files.min(max + (s.files - s.ffree));
+            s.ffree = s.ffree.min(left);
+        }
+        s
     }
 
     /// access(2) without `default_permissions`: existence, read-only mount, and the mode

@@ -8,6 +8,7 @@
 //! what they asked for.
 
 pub mod containment;
+pub mod enforcer;
 pub mod lease;
 pub mod mountpoint;
 pub mod quota;

@@ -1,0 +1,141 @@
+//! A small control socket per mount, for `awcp-mount status` and `awcp-mount downgrade`.
+//!
+//! Each running mount listens on a Unix socket named after a hash of its mount point (a mount
+//! point path can be longer than a socket path may be) in a directory only its user can use:
+//! `/run/awcp-mount/` for root, else `$XDG_RUNTIME_DIR/awcp-mount/`. The protocol is one line
+//! in (`status` or `downgrade`), one JSON line out.
+
+use std::future::Future;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+/// Where control sockets live for this user.
+pub fn socket_dir() -> PathBuf {
+    if nix::unistd::geteuid().is_root() {
+        PathBuf::from("/run/awcp-mount")
+    } else if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
+        PathBuf::from(d).join("awcp-mount")
+    } else {
+        PathBuf::from(format!("/tmp/awcp-mount-{}", nix::unistd::geteuid()))
+    }
+}
+
+/// FNV-1a: a stable, dependency-free name for a mount point's socket.
+fn fnv64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+pub fn socket_path(mountpoint: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    socket_dir().join(format!(
+        "{:016x}.sock",
+        fnv64(mountpoint.as_os_str().as_bytes())
+    ))
+}
+
+pub type DowngradeFn =
+    Box<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+/// What the socket can do for its mount.
+pub struct Handlers {
+    pub status: Box<dyn Fn() -> serde_json::Value + Send + Sync>,
+    pub downgrade: DowngradeFn,
+}
+
+/// Removes the socket file when the mount ends.
+pub struct ControlSocket {
+    path: PathBuf,
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Start serving the control socket of `mountpoint` on the current tokio runtime.
+pub fn serve(mountpoint: &Path, handlers: Handlers) -> std::io::Result<ControlSocket> {
+    let dir = socket_dir();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    let path = socket_path(mountpoint);
+    // A socket left by a process that died: nobody answers on it.
+    if path.exists() && UnixStream::connect(&path).is_err() {
+        let _ = std::fs::remove_file(&path);
+    }
+    let listener = tokio::net::UnixListener::bind(&path)?;
+    let handlers = Arc::new(handlers);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let handlers = handlers.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = stream.into_split();
+                let mut line = String::new();
+                let mut r = tokio::io::BufReader::new(r);
+                if r.read_line(&mut line).await.is_err() {
+                    return;
+                }
+                let answer = match line.trim() {
+                    "status" => (handlers.status)(),
+                    "downgrade" => match (handlers.downgrade)().await {
+                        Ok(()) => serde_json::json!({"ok": true}),
+                        Err(e) => serde_json::json!({"ok": false, "error": e}),
+                    },
+                    other => {
+                        serde_json::json!({"ok": false, "error": format!("unknown command '{other}'")})
+                    }
+                };
+                let _ = w.write_all(format!("{answer}\n").as_bytes()).await;
+            });
+        }
+    });
+    Ok(ControlSocket { path })
+}
+
+/// Ask the mount at `mountpoint` (client side, blocking).
+pub fn request(mountpoint: &Path, command: &str) -> Result<serde_json::Value, String> {
+    request_at(&socket_path(mountpoint), command).map_err(|e| {
+        format!(
+            "{}: no awcp-mount process answers for this mount point ({e})",
+            mountpoint.display()
+        )
+    })
+}
+
+pub fn request_at(socket: &Path, command: &str) -> std::io::Result<serde_json::Value> {
+    let mut s = UnixStream::connect(socket)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.write_all(format!("{command}\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// Every mount of this user that answers, with its status.
+pub fn all_status() -> Vec<serde_json::Value> {
+    let Ok(entries) = std::fs::read_dir(socket_dir()) else {
+        return Vec::new();
+    };
+    let mut out: Vec<serde_json::Value> = entries
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "sock"))
+        .filter_map(|e| request_at(&e.path(), "status").ok())
+        .collect();
+    out.sort_by_key(|v| v["mountpoint"].as_str().map(str::to_string));
+    out
+}
