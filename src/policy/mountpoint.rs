@@ -125,15 +125,6 @@ pub fn verdict(policy: &Policy, requested: &Path) -> Result<Verdict, Denied> {
             true,
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if !policy.create_mountpoint {
-                return Err(deny(
-                    "exists",
-                    format!(
-                        "{} does not exist; create an empty directory there, or set create_mountpoint = true in the policy",
-                        requested.display()
-                    ),
-                ));
-            }
             let name = match requested.components().next_back() {
                 Some(Component::Normal(n)) => n.to_os_string(),
                 _ => {
@@ -177,6 +168,15 @@ pub fn verdict(policy: &Policy, requested: &Path) -> Result<Verdict, Denied> {
         return Err(deny(
             "sensitive-path",
             format!("{} is a sensitive system path", path.display()),
+        ));
+    }
+    if !exists && !policy.create_mountpoint {
+        return Err(deny(
+            "exists",
+            format!(
+                "{} does not exist; create an empty directory there, or set create_mountpoint = true in the policy",
+                path.display()
+            ),
         ));
     }
     if exists {
@@ -295,7 +295,7 @@ mod tests {
         assert_eq!(verdict(&p, &root).unwrap_err().rule, "inside-mount-root");
         assert_eq!(
             verdict(&p, &t.path().join("elsewhere")).unwrap_err().rule,
-            "exists"
+            "inside-mount-root"
         );
         std::fs::create_dir(t.path().join("outside")).unwrap();
         assert_eq!(
