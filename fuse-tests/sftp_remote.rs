@@ -632,11 +632,7 @@ async fn sftp_refused_is_an_sftp_error() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn network_errors() {
     // Nothing listens on this port (bound and released).
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::sshd::free_port();
     let sshd = TestSshd::start();
     let mut cfg = sshd.sftp_config();
     cfg.port = port;

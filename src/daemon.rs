@@ -59,7 +59,8 @@ fn detach_stdio() {
     }
 }
 
-/// Fork. In the parent this never returns: it waits for the child's verdict and exits. In the
+/// Fork (the caller must have made its paths absolute: the child changes to "/"). In the
+/// parent this never returns: it waits for the child's verdict and exits. In the
 /// child it returns the [`Readiness`] to report through.
 pub fn daemonize() -> std::io::Result<Readiness> {
     let (read_end, write_end): (OwnedFd, OwnedFd) = nix::unistd::pipe()?;
@@ -86,6 +87,8 @@ pub fn daemonize() -> std::io::Result<Readiness> {
         ForkResult::Child => {
             drop(read_end);
             let _ = setsid();
+            // Like any daemon: do not keep the caller's directory (and its filesystem) busy.
+            let _ = std::env::set_current_dir("/");
             Ok(Readiness {
                 pipe: Some(File::from(write_end)),
             })

@@ -204,6 +204,10 @@ fn mount_command(cli: Cli) -> Result<(), String> {
             None => None,
         },
     };
+    // The daemon works from "/" (so it never keeps the caller's directory busy): every path
+    // it may read again later (on reconnect, on policy reload) must not be relative.
+    let mut req = req;
+    req.absolutize();
     // Every check that needs no network runs here, in the foreground, so its error reaches
     // the terminal directly.
     let foreground = req.foreground;

@@ -42,6 +42,31 @@ pub struct MountRequest {
     pub expires_at: Option<SystemTime>,
 }
 
+impl MountRequest {
+    /// Make every local path absolute (relative to the current directory), before the
+    /// daemon leaves it.
+    pub fn absolutize(&mut self) {
+        let Ok(cwd) = std::env::current_dir() else {
+            return;
+        };
+        let abs = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = cwd.join(&*p);
+            }
+        };
+        let o = &mut self.options;
+        o.identity_files.iter_mut().for_each(abs);
+        o.certificate_files.iter_mut().for_each(abs);
+        if let Some(p) = o.user_known_hosts_file.as_mut() {
+            abs(p);
+        }
+        if let Some(p) = self.policy_path.as_mut() {
+            abs(p);
+        }
+        abs(&mut self.mountpoint);
+    }
+}
+
 /// A failure to mount, with the message the user sees.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]

@@ -74,12 +74,22 @@ fn keygen(path: &Path, comment: &str) {
         .arg(path));
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind 127.0.0.1:0")
-        .local_addr()
-        .unwrap()
-        .port()
+/// A free loopback port, never the same twice in this process: a test that stops its sshd
+/// and restarts it later on the same port must not find another test's sshd there.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap();
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("bind 127.0.0.1:0")
+            .local_addr()
+            .unwrap()
+            .port();
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 fn current_user() -> String {

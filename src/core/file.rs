@@ -3,11 +3,16 @@
 //! Writes are acknowledged to the application as soon as they are queued to the server (as
 //! sshfs does), which is what makes sequential writes fast on a high-latency link. What keeps
 //! that honest:
-//! * one writer task per open file takes writes in the order the kernel sent them and puts them
-//!   on the wire in that order, so overlapping writes are never reordered;
+//! * one writer task **per file** (inode, not per descriptor) takes writes in the order the
+//!   kernel sent them and puts them on the wire in that order. Consecutive writes through the
+//!   same descriptor are pipelined; when the next write comes through another descriptor (which
+//!   may live on another SFTP channel, served by another server process), the earlier writes
+//!   are answered first. So overlapping writes are never reordered, whichever descriptors they
+//!   come through;
 //! * bytes in flight per file are bounded by a semaphore, so memory does not grow with the file;
-//! * the first failure is latched and returned by the next write, `flush` (every `close`) and
-//!   `fsync`: an acknowledged write is on the server or its loss is reported, never silent.
+//! * the first failure is latched on the descriptor it was written through and returned by the
+//!   next write, `flush` (every `close`) and `fsync`: an acknowledged write is on the server or
+//!   its loss is reported, never silent.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -19,19 +24,78 @@ use super::inode::Ino;
 use super::Fs;
 use crate::remote::{OpenFlags, Remote, RemoteError};
 
-/// Bytes of writes in flight per open file before the writer waits for answers.
+/// Bytes of writes in flight per file before the writer waits for answers.
 pub const WRITE_WINDOW: u32 = 16 * 1024 * 1024;
 
-pub(crate) enum WriteJob {
+pub(crate) enum WriteJob<R: Remote> {
     Data {
+        file: Arc<OpenFile<R>>,
         offset: u64,
         data: Bytes,
         done: oneshot::Sender<Result<u32, RemoteError>>,
     },
-    /// Wait until every earlier write has been answered, then report the latched error.
+    /// Wait until every earlier write has been answered, then report `file`'s latched error.
     Barrier {
+        file: Arc<OpenFile<R>>,
         done: oneshot::Sender<Result<(), RemoteError>>,
     },
+}
+
+/// The ordered write queue of one file, shared by all its open descriptors.
+pub struct WriteStream<R: Remote> {
+    writer: Mutex<Option<mpsc::UnboundedSender<WriteJob<R>>>>,
+    window: Arc<Semaphore>,
+    /// Write jobs submitted but not yet taken by the writer task.
+    queued: AtomicUsize,
+}
+
+impl<R: Remote> Default for WriteStream<R> {
+    fn default() -> Self {
+        WriteStream {
+            writer: Mutex::new(None),
+            window: Arc::new(Semaphore::new(WRITE_WINDOW as usize)),
+            queued: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl<R: Remote> WriteStream<R> {
+    /// Whether writes are queued or in flight.
+    pub fn pending(&self) -> bool {
+        self.queued.load(Ordering::Acquire) > 0
+            || self.window.available_permits() < WRITE_WINDOW as usize
+    }
+
+    /// Queue a job for the writer task, starting the task on first use.
+    pub(crate) fn submit(self: &Arc<Self>, fs: &Arc<Fs<R>>, job: WriteJob<R>) -> bool {
+        let mut writer = self.writer.lock().unwrap();
+        if writer.is_none() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            fs.runtime()
+                .spawn(writer_loop(self.clone(), Arc::downgrade(fs), rx));
+            *writer = Some(tx);
+        }
+        let is_data = matches!(job, WriteJob::Data { .. });
+        if is_data {
+            self.queued.fetch_add(1, Ordering::AcqRel);
+        }
+        let sent = writer.as_ref().unwrap().send(job).is_ok();
+        if is_data && !sent {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
+    }
+
+    /// No descriptor of the file is open any more: let the writer task end once it has
+    /// written what is queued (a later open starts a new one).
+    pub fn stop(&self) {
+        self.writer.lock().unwrap().take();
+    }
+
+    /// Wait until every write put on the wire so far has been answered.
+    async fn wait_all_answered(&self) {
+        drop(self.window.acquire_many(WRITE_WINDOW).await);
+    }
 }
 
 pub struct OpenFile<R: Remote> {
@@ -43,29 +107,24 @@ pub struct OpenFile<R: Remote> {
     /// Serializes reopens: two requests that both found the handle stale must not both open
     /// a new one (the second would leak a server handle).
     reopening: tokio::sync::Mutex<()>,
-    writer: Mutex<Option<mpsc::UnboundedSender<WriteJob>>>,
-    window: Arc<Semaphore>,
-    /// First write failure not yet reported by flush/fsync.
+    pub stream: Arc<WriteStream<R>>,
+    /// First write failure through this descriptor not yet reported by flush/fsync.
     error: Mutex<Option<RemoteError>>,
     /// Highest byte offset written through this handle (for the size the kernel is shown
     /// while writes are still in flight).
     pub written_end: AtomicU64,
-    /// Write jobs submitted but not yet taken by the writer task.
-    queued: AtomicUsize,
 }
 
 impl<R: Remote> OpenFile<R> {
-    pub fn new(ino: Ino, flags: OpenFlags, handle: R::Handle) -> Self {
+    pub fn new(ino: Ino, flags: OpenFlags, handle: R::Handle, stream: Arc<WriteStream<R>>) -> Self {
         OpenFile {
             ino,
             flags,
             handle: RwLock::new((handle, 0)),
             reopening: tokio::sync::Mutex::new(()),
-            writer: Mutex::new(None),
-            window: Arc::new(Semaphore::new(WRITE_WINDOW as usize)),
+            stream,
             error: Mutex::new(None),
             written_end: AtomicU64::new(0),
-            queued: AtomicUsize::new(0),
         }
     }
 
@@ -113,39 +172,39 @@ impl<R: Remote> OpenFile<R> {
         self.error.lock().unwrap().clone()
     }
 
-    /// Whether writes are queued or in flight.
+    /// Whether writes of this file (through any descriptor) are queued or in flight.
     pub fn writes_pending(&self) -> bool {
-        self.queued.load(Ordering::Acquire) > 0
-            || self.window.available_permits() < WRITE_WINDOW as usize
+        self.stream.pending()
     }
 
-    /// Queue a job for the writer task, starting the task on first use. Returns `false` if
-    /// the file is being released.
-    pub(crate) fn submit(self: &Arc<Self>, fs: &Arc<Fs<R>>, job: WriteJob) -> bool {
-        let mut writer = self.writer.lock().unwrap();
-        if writer.is_none() {
-            let (tx, rx) = mpsc::unbounded_channel();
-            fs.runtime()
-                .spawn(writer_loop(self.clone(), Arc::downgrade(fs), rx));
-            *writer = Some(tx);
-        }
-        let is_data = matches!(job, WriteJob::Data { .. });
-        if is_data {
-            self.queued.fetch_add(1, Ordering::AcqRel);
-        }
-        let sent = writer.as_ref().unwrap().send(job).is_ok();
-        if is_data && !sent {
-            self.queued.fetch_sub(1, Ordering::AcqRel);
-        }
-        sent
+    /// Queue a write through this descriptor.
+    pub(crate) fn submit_write(
+        self: &Arc<Self>,
+        fs: &Arc<Fs<R>>,
+        offset: u64,
+        data: Bytes,
+        done: oneshot::Sender<Result<u32, RemoteError>>,
+    ) -> bool {
+        let job = WriteJob::Data {
+            file: self.clone(),
+            offset,
+            data,
+            done,
+        };
+        self.stream.submit(fs, job)
     }
 
-    /// Wait for every queued write to be answered; report the first failure.
+    /// Wait for every write of the file queued so far to be answered; report the first failure
+    /// of a write made through this descriptor.
     pub async fn drain(self: &Arc<Self>, fs: &Arc<Fs<R>>) -> Result<(), RemoteError> {
-        let has_writer = self.writer.lock().unwrap().is_some();
+        let has_writer = self.stream.writer.lock().unwrap().is_some();
         if has_writer {
             let (done, rx) = oneshot::channel();
-            if self.submit(fs, WriteJob::Barrier { done }) {
+            let job = WriteJob::Barrier {
+                file: self.clone(),
+                done,
+            };
+            if self.stream.submit(fs, job) {
                 if let Ok(result) = rx.await {
                     return result;
                 }
@@ -156,56 +215,74 @@ impl<R: Remote> OpenFile<R> {
             None => Ok(()),
         }
     }
+}
 
-    /// Stop the writer task (after a final drain).
-    pub fn stop_writer(&self) {
-        self.writer.lock().unwrap().take();
+/// Put one chunk on the wire through `file`, reopening a handle that belongs to a lost
+/// connection first. Only a write that was never sent is retried: one that was in flight
+/// when the connection dropped is reported (a later write may have changed the same bytes).
+async fn send_chunk<R: Remote>(
+    fs: &Weak<Fs<R>>,
+    remote: &Arc<R>,
+    file: &Arc<OpenFile<R>>,
+    at: u64,
+    chunk: Bytes,
+) -> Result<crate::remote::WriteAck, RemoteError> {
+    let (handle, version) = file.versioned_handle().await;
+    match remote.write_queued(&handle, at, chunk.clone()).await {
+        Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
+            let Some(fs) = fs.upgrade() else {
+                return Err(RemoteError::StaleHandle);
+            };
+            match fs.reopen(file, version).await {
+                Ok(h) => remote.write_queued(&h, at, chunk).await,
+                Err(_) => Err(RemoteError::StaleHandle),
+            }
+        }
+        r => r,
     }
 }
 
 async fn writer_loop<R: Remote>(
-    file: Arc<OpenFile<R>>,
+    stream: Arc<WriteStream<R>>,
     fs: Weak<Fs<R>>,
-    mut rx: mpsc::UnboundedReceiver<WriteJob>,
+    mut rx: mpsc::UnboundedReceiver<WriteJob<R>>,
 ) {
     let Some(remote) = fs.upgrade().map(|fs| fs.remote().clone()) else {
         return;
     };
     let max_write = remote.limits().max_write.max(4096) as usize;
+    // The descriptor the previous write went through.
+    let mut last: Option<usize> = None;
     while let Some(job) = rx.recv().await {
         match job {
-            WriteJob::Data { offset, data, done } => {
+            WriteJob::Data {
+                file,
+                offset,
+                data,
+                done,
+            } => {
                 if let Some(err) = file.peek_error() {
-                    file.queued.fetch_sub(1, Ordering::AcqRel);
+                    stream.queued.fetch_sub(1, Ordering::AcqRel);
                     let _ = done.send(Err(err));
                     continue;
                 }
+                let me = Arc::as_ptr(&file) as usize;
+                if last.is_some_and(|p| p != me) {
+                    // Another descriptor, maybe another channel: let the earlier writes land.
+                    stream.wait_all_answered().await;
+                }
+                last = Some(me);
                 let len = data.len() as u32;
                 let mut rest = data;
                 let mut at = offset;
                 while !rest.is_empty() {
                     let n = rest.len().min(max_write);
                     let chunk = rest.split_to(n);
-                    let permit = match file.window.clone().acquire_many_owned(n as u32).await {
-                        Ok(p) => p,
-                        Err(_) => break,
+                    let Ok(permit) = stream.window.clone().acquire_many_owned(n as u32).await
+                    else {
+                        break;
                     };
-                    let (handle, version) = file.versioned_handle().await;
-                    let mut queued = remote.write_queued(&handle, at, chunk.clone()).await;
-                    if matches!(queued, Err(RemoteError::StaleHandle)) {
-                        // Opened before a reconnect and nothing of it in flight: reopen by
-                        // path and go on. (Writes that were in flight when the connection
-                        // dropped have failed and are reported; they are never replayed,
-                        // since a later write may have overwritten the same bytes.)
-                        queued = match fs.upgrade() {
-                            Some(fs) => match fs.reopen(&file, version).await {
-                                Ok(h) => remote.write_queued(&h, at, chunk).await,
-                                Err(_) => Err(RemoteError::StaleHandle),
-                            },
-                            None => Err(RemoteError::StaleHandle),
-                        };
-                    }
-                    match queued {
+                    match send_chunk(&fs, &remote, &file, at, chunk).await {
                         Ok(ack) => {
                             let file = file.clone();
                             tokio::spawn(async move {
@@ -224,14 +301,12 @@ async fn writer_loop<R: Remote>(
                     at += n as u64;
                 }
                 file.written_end
-                    .fetch_max(offset + len as u64, Ordering::Relaxed);
-                file.queued.fetch_sub(1, Ordering::AcqRel);
+                    .fetch_max(offset + u64::from(len), Ordering::Relaxed);
+                stream.queued.fetch_sub(1, Ordering::AcqRel);
                 let _ = done.send(Ok(len));
             }
-            WriteJob::Barrier { done } => {
-                // Taking the whole window means every write before this one has been answered.
-                let all = file.window.acquire_many(WRITE_WINDOW).await;
-                drop(all);
+            WriteJob::Barrier { file, done } => {
+                stream.wait_all_answered().await;
                 let _ = done.send(match file.take_error() {
                     Some(e) => Err(e),
                     None => Ok(()),

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
-use self::file::{OpenFile, WriteJob};
+use self::file::{OpenFile, WriteStream};
 use self::inode::{Ino, InodeTable, Location, ROOT_INO};
 use crate::error::{FsError, FsResult};
 use crate::policy::containment;
@@ -165,6 +165,8 @@ pub struct Fs<R: Remote> {
     inodes: Mutex<InodeTable>,
     cache: Mutex<MetaCache>,
     files: Mutex<HashMap<u64, Arc<OpenFile<R>>>>,
+    /// The write queue of each file with open descriptors (shared by them all).
+    streams: Mutex<HashMap<Ino, std::sync::Weak<WriteStream<R>>>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
     enforcer: Arc<Enforcer>,
@@ -251,6 +253,7 @@ impl<R: Remote> Fs<R> {
             config: Mutex::new(config),
             inodes: Mutex::new(InodeTable::new()),
             files: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             enforcer,
@@ -334,6 +337,27 @@ impl<R: Remote> Fs<R> {
 
     pub fn enforcer(&self) -> &Arc<Enforcer> {
         &self.enforcer
+    }
+
+    /// A new open descriptor of `ino`, sharing the file's write queue with the others.
+    fn register_file(&self, ino: Ino, flags: OpenFlags, handle: R::Handle) -> u64 {
+        // Lock order: streams, then files (as in release), so an open racing the last
+        // close of the same file can never end up with a second stream.
+        let mut streams = self.streams.lock().unwrap();
+        let stream = match streams.get(&ino).and_then(std::sync::Weak::upgrade) {
+            Some(s) => s,
+            None => {
+                let s = Arc::new(WriteStream::default());
+                streams.insert(ino, Arc::downgrade(&s));
+                s
+            }
+        };
+        let fh = self.alloc_fh();
+        self.files
+            .lock()
+            .unwrap()
+            .insert(fh, Arc::new(OpenFile::new(ino, flags, handle, stream)));
+        fh
     }
 
     fn alloc_fh(&self) -> u64 {
@@ -456,6 +480,15 @@ impl<R: Remote> Fs<R> {
             None => false,
             Some(names) if names.is_empty() => true,
             Some(names) => names.iter().any(|n| n == name),
+        }
+    }
+
+    /// Whether the top-level `name` may be a resource link, without asking (unknown: yes).
+    fn maybe_resource(&self, name: &OsStr) -> bool {
+        match self.awcp_export.get() {
+            None => true,
+            Some(None) => false,
+            Some(Some(names)) => names.is_empty() || names.iter().any(|n| n == name),
         }
     }
 
@@ -711,8 +744,8 @@ impl<R: Remote> Fs<R> {
                 // (An entry whose size is unknown changed through the mount: ask the server.)
                 Some(Some(e))
                     if e.attrs.size.is_some()
-                        && !((follow || parent == ROOT_INO)
-                            && e.attrs.file_type() == FileKind::Symlink) =>
+                        && !(e.attrs.file_type() == FileKind::Symlink
+                            && (follow || (parent == ROOT_INO && self.maybe_resource(name)))) =>
                 {
                     drop(cache);
                     return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
@@ -771,8 +804,11 @@ impl<R: Remote> Fs<R> {
             if file.writes_pending() {
                 let _ = file.drain(self).await.map_err(|e| file.latch(e));
             }
-            let handle = file.handle().await;
-            return match self.remote.fstat(&handle).await {
+            let remote = &self.remote;
+            let fstat = self
+                .with_handle(&file, |h| async move { remote.fstat(&h).await })
+                .await;
+            return match fstat {
                 Ok(attrs) => {
                     let attrs = self.with_pending_size(ino, attrs);
                     self.cache
@@ -919,14 +955,9 @@ impl<R: Remote> Fs<R> {
         if !set.is_empty() {
             let result = match (&file, kind) {
                 (Some(f), _) => {
-                    let (h, version) = f.versioned_handle().await;
-                    match self.remote.fsetstat(&h, set).await {
-                        Err(RemoteError::StaleHandle) => {
-                            let h = self.reopen(f, version).await?;
-                            self.remote.fsetstat(&h, set).await
-                        }
-                        r => r,
-                    }
+                    let remote = &self.remote;
+                    self.with_handle(f, |h| async move { remote.fsetstat(&h, set).await })
+                        .await
                 }
                 (None, Some(FileKind::Symlink)) => {
                     if set.perm.is_some() {
@@ -1254,12 +1285,7 @@ impl<R: Remote> Fs<R> {
                 }
             }
         }
-        let fh = self.alloc_fh();
-        self.files
-            .lock()
-            .unwrap()
-            .insert(fh, Arc::new(OpenFile::new(ino, flags, handle)));
-        Ok(fh)
+        Ok(self.register_file(ino, flags, handle))
     }
 
     pub async fn create(
@@ -1303,11 +1329,7 @@ impl<R: Remote> Fs<R> {
         if entry.attr.size == 0 {
             self.enforcer.quota.created(entry.attr.ino);
         }
-        let fh = self.alloc_fh();
-        self.files
-            .lock()
-            .unwrap()
-            .insert(fh, Arc::new(OpenFile::new(entry.attr.ino, flags, handle)));
+        let fh = self.register_file(entry.attr.ino, flags, handle);
         Ok((entry, fh))
     }
 
@@ -1350,21 +1372,39 @@ impl<R: Remote> Fs<R> {
         // Read-your-writes: writes of this file acknowledged to any application (on any
         // handle, which may be on another SFTP channel) land before the read is sent.
         self.drain_inode(file.ino).await;
-        let (handle, version) = file.versioned_handle().await;
-        match self.read_chunks(&handle, offset, size).await {
-            Err(RemoteError::StaleHandle) => {
-                let handle = self.reopen(&file, version).await?;
-                self.read_chunks(&handle, offset, size)
-                    .await
-                    .map_err(|e| remote_err(Op::Read, &e, "read"))
-            }
-            r => r.map_err(|e| remote_err(Op::Read, &e, "read")),
-        }
+        self.with_handle(&file, |h| async move {
+            self.read_chunks(&h, offset, size).await
+        })
+        .await
+        .map_err(|e| remote_err(Op::Read, &e, "read"))
         .inspect(|data| {
             self.stats
                 .bytes_read
                 .fetch_add(data.len() as u64, Ordering::Relaxed);
         })
+    }
+
+    /// Run an operation that is safe to repeat on the file's handle. If the handle belongs to
+    /// a connection that is gone (replaced by a reconnect, or dropped under the request), the
+    /// file is reopened by its path (which waits for the reconnect) and the operation runs
+    /// once more, so an application never sees the drop. Without `reconnect` the reopen
+    /// fails and the error stands.
+    async fn with_handle<T, F, Fut>(&self, file: &Arc<OpenFile<R>>, op: F) -> Result<T, RemoteError>
+    where
+        F: Fn(R::Handle) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RemoteError>>,
+    {
+        let (handle, version) = file.versioned_handle().await;
+        match op(handle).await {
+            Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
+                let handle = self
+                    .reopen(file, version)
+                    .await
+                    .map_err(|e| RemoteError::Disconnected(e.context))?;
+                op(handle).await
+            }
+            r => r,
+        }
     }
 
     /// Read `size` bytes at `offset` as several server-sized requests in flight at once.
@@ -1432,12 +1472,8 @@ impl<R: Remote> Fs<R> {
                 .map_err(|_| FsError::new(libc::ENOSPC, "the delegation's byte quota is used up"))?
                 as usize;
             let (done, rx) = oneshot::channel();
-            let job = WriteJob::Data {
-                offset,
-                data: Bytes::copy_from_slice(&data[..fits.min(data.len())]),
-                done,
-            };
-            if !file.submit(self, job) {
+            let data = Bytes::copy_from_slice(&data[..fits.min(data.len())]);
+            if !file.submit_write(self, offset, data, done) {
                 return Err(FsError::new(libc::EBADF, "file is being closed"));
             }
             self.attrs_changed(file.ino, None);
@@ -1476,13 +1512,11 @@ impl<R: Remote> Fs<R> {
     pub async fn fsync(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         self.flush(fh).await?;
         let file = self.file(fh)?;
-        let (handle, version) = file.versioned_handle().await;
-        let mut result = self.remote.fsync(&handle).await;
-        if matches!(result, Err(RemoteError::StaleHandle)) {
-            // flush() above already reported any write lost with the old connection.
-            let handle = self.reopen(&file, version).await?;
-            result = self.remote.fsync(&handle).await;
-        }
+        // (flush() above already reported any write lost with an old connection.)
+        let remote = &self.remote;
+        let result = self
+            .with_handle(&file, |h| async move { remote.fsync(&h).await })
+            .await;
         match result {
             Ok(()) | Err(RemoteError::Unsupported(_)) => Ok(()),
             Err(e) => {
@@ -1497,8 +1531,16 @@ impl<R: Remote> Fs<R> {
     pub async fn release(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         let file = self.file(fh)?;
         let drained = file.drain(self).await;
-        file.stop_writer();
-        self.files.lock().unwrap().remove(&fh);
+        {
+            let mut streams = self.streams.lock().unwrap();
+            let mut files = self.files.lock().unwrap();
+            files.remove(&fh);
+            if !files.values().any(|f| f.ino == file.ino) {
+                // Last descriptor of the file: its writer task may end.
+                file.stream.stop();
+                streams.remove(&file.ino);
+            }
+        }
         if file.flags.write {
             // The server sets the final mtime as the last write lands.
             self.attrs_changed(file.ino, None);
@@ -1534,6 +1576,10 @@ impl<R: Remote> Fs<R> {
 
     pub async fn opendir(&self, ino: Ino) -> FsResult<u64> {
         let path = self.path_of(ino)?;
+        if ino == ROOT_INO {
+            // Learn (once) whether this is an AWCP export, before its entries are shown.
+            self.is_resource_name(OsStr::new("")).await;
+        }
         let since = self.cache.lock().unwrap().now();
         let listing = match self.remote.read_dir(&path).await {
             Ok(l) => l,
@@ -1631,8 +1677,9 @@ impl<R: Remote> Fs<R> {
             .attrs
             .ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
         let follow = self.config.lock().unwrap().follow_symlinks;
-        let at_root = parent == ROOT_INO;
-        if attrs.size.is_none() || ((follow || at_root) && attrs.file_type() == FileKind::Symlink) {
+        let is_link = attrs.file_type() == FileKind::Symlink;
+        let resource = is_link && parent == ROOT_INO && self.is_resource_name(&item.name).await;
+        if attrs.size.is_none() || (follow && is_link) || resource {
             return self.lookup(parent, &item.name).await;
         }
         Ok(self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at)))
