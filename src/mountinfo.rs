@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 /// One line of mountinfo.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MountEntry {
+    /// `major:minor` of the mounted filesystem's device.
+    pub device: String,
     pub mount_point: PathBuf,
     pub fstype: String,
     pub source: String,
@@ -58,6 +60,7 @@ pub fn parse(text: &str) -> Vec<MountEntry> {
             continue;
         }
         out.push(MountEntry {
+            device: fields[2].to_string(),
             mount_point: PathBuf::from(unescape(fields[4])),
             options: fields[5].to_string(),
             fstype: fields[sep + 1].to_string(),
@@ -101,6 +104,7 @@ mod tests {
         assert_eq!(m[0].mount_point, PathBuf::from("/mnt dir"));
         assert!(m[0].is_awcp());
         assert_eq!(m[0].source, "awcp@h:/x");
+        assert_eq!(m[0].device, "98:0");
         assert_eq!(m[1].fstype, "proc");
     }
 

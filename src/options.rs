@@ -38,6 +38,8 @@ pub struct MountOptions {
     pub dcache_timeout: Option<Duration>,
     pub dcache_max_size: Option<usize>,
     pub max_conns: Option<usize>,
+    /// Kernel readahead for the mount, in bytes (`max_readahead=`).
+    pub max_readahead: Option<u64>,
     pub idmap_user: bool,
     pub kernel_cache: bool,
     pub fsname: Option<String>,
@@ -116,7 +118,6 @@ const HARMLESS: &[&str] = &[
     "cache_dir_timeout",
     "cache_link_timeout",
     "cache_max_size",
-    "max_readahead",
 ];
 
 const KERNEL_FLAGS: &[&str] = &["nodev", "nosuid", "noexec", "noatime", "nodiratime", "sync"];
@@ -252,6 +253,7 @@ impl MountOptions {
             ("dir_cache", Some(v)) => self.dir_cache = Some(parse_bool(name, v)?),
             ("dcache_timeout", Some(v)) => self.dcache_timeout = Some(parse_secs(name, v)?),
             ("dcache_max_size", Some(v)) => self.dcache_max_size = Some(parse_num(name, v)?),
+            ("max_readahead", Some(v)) => self.max_readahead = Some(parse_num(name, v)?),
             ("max_conns", Some(v)) => {
                 let n: usize = parse_num(name, v)?;
                 if !(1..=10).contains(&n) {
@@ -315,8 +317,8 @@ impl MountOptions {
             ) => return Err(bad(name, "takes no value")),
             (
                 "entry_timeout" | "attr_timeout" | "negative_timeout" | "dir_cache"
-                | "dcache_timeout" | "dcache_max_size" | "max_conns" | "idmap" | "fsname"
-                | "subtype" | "symlinks" | "max_bytes" | "max_files" | "grace_seconds"
+                | "dcache_timeout" | "dcache_max_size" | "max_readahead" | "max_conns" | "idmap"
+                | "fsname" | "subtype" | "symlinks" | "max_bytes" | "max_files" | "grace_seconds"
                 | "mount_root",
                 None,
             ) => return Err(bad(name, format!("needs a value, as in {name}=VALUE"))),
