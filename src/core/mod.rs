@@ -1053,13 +1053,19 @@ impl<R: Remote> Fs<R> {
         name: &OsStr,
         path: &Path,
         perm: Option<u32>,
+        known: Option<(Attrs, u64)>,
     ) -> FsResult<Entry> {
-        let since = self.cache.lock().unwrap().now();
-        let mut attrs = match self.remote.lstat(path).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.cache.lock().unwrap().name_changed(parent, name);
-                return Err(self.explain(Op::Lookup, e, path, None).await);
+        let (mut attrs, since) = match known {
+            Some(k) => k,
+            None => {
+                let since = self.cache.lock().unwrap().now();
+                match self.remote.lstat(path).await {
+                    Ok(a) => (a, since),
+                    Err(e) => {
+                        self.cache.lock().unwrap().name_changed(parent, name);
+                        return Err(self.explain(Op::Lookup, e, path, None).await);
+                    }
+                }
             }
         };
         if let (Some(want), Some(mode)) = (perm, attrs.mode) {
@@ -1104,7 +1110,8 @@ impl<R: Remote> Fs<R> {
             self.enforcer.quota.release_entry(None, 0);
             return Err(self.explain(Op::Mkdir, e, &path, None).await);
         }
-        self.finish_create(parent, name, &path, Some(perm)).await
+        self.finish_create(parent, name, &path, Some(perm), None)
+            .await
     }
 
     pub async fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> FsResult<Entry> {
@@ -1119,7 +1126,7 @@ impl<R: Remote> Fs<R> {
             self.enforcer.quota.release_entry(None, 0);
             return Err(self.explain(Op::Symlink, e, &path, None).await);
         }
-        self.finish_create(parent, name, &path, None).await
+        self.finish_create(parent, name, &path, None, None).await
     }
 
     pub async fn unlink(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
@@ -1253,7 +1260,8 @@ impl<R: Remote> Fs<R> {
             return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
         }
         self.attrs_changed(ino, None);
-        self.finish_create(new_parent, new_name, &new, None).await
+        self.finish_create(new_parent, new_name, &new, None, None)
+            .await
     }
 
     // ---------------------------------------------------------------- files
@@ -1307,7 +1315,8 @@ impl<R: Remote> Fs<R> {
             flags.read = true;
         }
         self.reserve_entry(&path)?;
-        let handle = match self.remote.open(&path, flags, perm).await {
+        let since = self.cache.lock().unwrap().now();
+        let (handle, attrs) = match self.remote.open_stat(&path, flags, perm).await {
             Ok(h) => h,
             Err(e) => {
                 self.enforcer.quota.release_entry(None, 0);
@@ -1319,7 +1328,10 @@ impl<R: Remote> Fs<R> {
                 return Err(err);
             }
         };
-        let entry = match self.finish_create(parent, name, &path, Some(perm)).await {
+        let entry = match self
+            .finish_create(parent, name, &path, Some(perm), Some((attrs, since)))
+            .await
+        {
             Ok(e) => e,
             Err(e) => {
                 let _ = self.remote.close(&handle).await;

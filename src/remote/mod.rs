@@ -319,6 +319,26 @@ pub trait Remote: Send + Sync + 'static {
         flags: OpenFlags,
         perm: u32,
     ) -> impl Future<Output = RemoteResult<Self::Handle>> + Send;
+    /// Open a file (see [`Remote::open`]) and return its attributes as they are right after
+    /// the open: what a create needs to answer the kernel. The default asks twice; the SFTP
+    /// remote sends both requests at once (one round trip).
+    fn open_stat(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+        perm: u32,
+    ) -> impl Future<Output = RemoteResult<(Self::Handle, Attrs)>> + Send {
+        async move {
+            let h = self.open(path, flags, perm).await?;
+            match self.fstat(&h).await {
+                Ok(a) => Ok((h, a)),
+                Err(e) => {
+                    let _ = self.close(&h).await;
+                    Err(e)
+                }
+            }
+        }
+    }
     /// Read up to `len` bytes at `offset`. Fewer bytes (possibly none) means end of file.
     /// `len` is at most `limits().max_read`.
     fn read(

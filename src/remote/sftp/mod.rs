@@ -795,6 +795,51 @@ impl Remote for SftpRemote {
         self.open_on(&c, ch, &req).await
     }
 
+    async fn open_stat(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+        perm: u32,
+    ) -> RemoteResult<(SftpHandle, Attrs)> {
+        // One channel serves its requests in order, so an LSTAT queued right behind the OPEN
+        // sees the file the OPEN created: two requests, one round trip.
+        let c = self.inner.conn().await?;
+        let ch = Self::channel_index(&c, c.pick());
+        let attrs = if flags.create {
+            perm_attrs(perm)
+        } else {
+            SetAttrs::default()
+        };
+        let open = Request::Open {
+            path,
+            pflags: pflags(flags),
+            attrs,
+        };
+        let opened = c.channels[ch].send(&open).await?;
+        let stat = c.channels[ch].send(&Request::Lstat { path }).await;
+        let raw = expect_handle(open.name(), opened.wait().await?)?;
+        let handle = SftpHandle {
+            raw,
+            channel: ch,
+            generation: c.generation,
+        };
+        let attrs = match stat {
+            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
+            Err(e) => Err(e),
+        };
+        match attrs {
+            Ok(a) => Ok((handle, a)),
+            // The path was replaced in between (or is a link): ask the handle itself.
+            Err(_) => match self.fstat(&handle).await {
+                Ok(a) => Ok((handle, a)),
+                Err(e) => {
+                    let _ = self.close(&handle).await;
+                    Err(e)
+                }
+            },
+        }
+    }
+
     async fn read(&self, handle: &SftpHandle, offset: u64, len: u32) -> RemoteResult<Bytes> {
         let r = self
             .handle_request(
