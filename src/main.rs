@@ -96,6 +96,15 @@ struct Cli {
     #[arg(long = "expires-at", value_name = "TIME")]
     expires_at: Option<String>,
 
+    /// Read the private key (OpenSSH text) from this inherited file descriptor instead of a
+    /// file, so it is never written to disk (used by `awcp-mount serve`)
+    #[arg(long = "identity-fd", value_name = "FD")]
+    identity_fd: Option<i32>,
+
+    /// Read the OpenSSH user certificate from this inherited file descriptor
+    #[arg(long = "certificate-fd", value_name = "FD")]
+    certificate_fd: Option<i32>,
+
     /// Compression (accepted for sshfs compatibility; not used)
     #[arg(short = 'C', hide = true)]
     compression: bool,
@@ -194,8 +203,14 @@ fn mount_command(cli: Cli) -> Result<(), String> {
         port: cli.port,
         foreground: cli.foreground || debug,
         pinned_host_keys: cli.host_keys,
-        key_in_memory: None,
-        certificate_in_memory: None,
+        key_in_memory: cli
+            .identity_fd
+            .map(|fd| read_fd(fd, "--identity-fd"))
+            .transpose()?,
+        certificate_in_memory: cli
+            .certificate_fd
+            .map(|fd| read_fd(fd, "--certificate-fd"))
+            .transpose()?,
         policy_path: cli.policy,
         expires_at: match &cli.expires_at {
             Some(t) => Some(
@@ -315,4 +330,29 @@ fn status(mountpoint: Option<PathBuf>, json: bool) -> Result<(), String> {
         println!("  pid         {}", m["pid"]);
     }
     Ok(())
+}
+
+/// Read a whole secret from an inherited descriptor (a pipe), then close it.
+fn read_fd(fd: i32, flag: &str) -> Result<String, String> {
+    use std::io::Read;
+    use std::os::fd::FromRawFd;
+    if fd <= 2 {
+        return Err(format!(
+            "{flag} {fd}: must be an inherited descriptor above 2"
+        ));
+    }
+    // SAFETY: only asks the kernel whether `fd` is open; nothing is read or closed.
+    let borrowed = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    if nix::fcntl::fcntl(borrowed, nix::fcntl::FcntlArg::F_GETFD).is_err() {
+        return Err(format!("{flag} {fd}: no such open file descriptor"));
+    }
+    // SAFETY: the descriptor was checked to be open and is owned by us from here on.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    let mut text = String::new();
+    f.read_to_string(&mut text)
+        .map_err(|e| format!("{flag} {fd}: cannot read: {e}"))?;
+    if text.trim().is_empty() {
+        return Err(format!("{flag} {fd}: nothing was written to it"));
+    }
+    Ok(text)
 }
