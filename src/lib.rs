@@ -13,6 +13,7 @@ pub mod error;
 pub mod fuse;
 pub mod kernel_mount;
 pub mod mount;
+pub mod mount_helper;
 pub mod mountinfo;
 pub mod options;
 pub mod policy;

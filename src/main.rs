@@ -159,7 +159,20 @@ fn init_logging(debug: bool) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let args: Vec<String> = std::env::args().collect();
+    let cli = match args.first() {
+        // Run by mount(8) as /sbin/mount.fuse.awcp: same job, mount(8)'s argument convention.
+        Some(argv0) if awcp_mount::mount_helper::invoked_as_helper(argv0.as_ref()) => {
+            match awcp_mount::mount_helper::translate(&args) {
+                Ok(translated) => Cli::parse_from(translated),
+                Err(e) => {
+                    eprintln!("mount.fuse.awcp: {e}");
+                    return ExitCode::from(1);
+                }
+            }
+        }
+        _ => Cli::parse(),
+    };
     init_logging(cli.debug);
     match cli.command {
         Some(Command::Umount { mountpoint, lazy }) => exit(unmount::unmount(&mountpoint, lazy)),
