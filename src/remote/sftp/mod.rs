@@ -782,17 +782,7 @@ impl Remote for SftpRemote {
     async fn open(&self, path: &Path, flags: OpenFlags, perm: u32) -> RemoteResult<SftpHandle> {
         let c = self.inner.conn().await?;
         let ch = Self::channel_index(&c, c.pick());
-        let attrs = if flags.create {
-            perm_attrs(perm)
-        } else {
-            SetAttrs::default()
-        };
-        let req = Request::Open {
-            path,
-            pflags: pflags(flags),
-            attrs,
-        };
-        self.open_on(&c, ch, &req).await
+        self.open_on(&c, ch, &open_request(path, flags, perm)).await
     }
 
     async fn open_stat(
@@ -805,16 +795,7 @@ impl Remote for SftpRemote {
         // sees the file the OPEN created: two requests, one round trip.
         let c = self.inner.conn().await?;
         let ch = Self::channel_index(&c, c.pick());
-        let attrs = if flags.create {
-            perm_attrs(perm)
-        } else {
-            SetAttrs::default()
-        };
-        let open = Request::Open {
-            path,
-            pflags: pflags(flags),
-            attrs,
-        };
+        let open = open_request(path, flags, perm);
         let opened = c.channels[ch].send(&open).await?;
         let stat = c.channels[ch].send(&Request::Lstat { path }).await;
         let raw = expect_handle(open.name(), opened.wait().await?)?;
@@ -1014,6 +995,20 @@ impl Remote for SftpRemote {
     async fn realpath(&self, path: &Path) -> RemoteResult<PathBuf> {
         let r = self.idempotent_request(&Request::Realpath { path }).await?;
         expect_one_name("REALPATH", r)
+    }
+}
+
+/// SSH_FXP_OPEN for `flags`; the permission bits matter only when creating.
+fn open_request(path: &Path, flags: OpenFlags, perm: u32) -> Request<'_> {
+    let attrs = if flags.create {
+        perm_attrs(perm)
+    } else {
+        SetAttrs::default()
+    };
+    Request::Open {
+        path,
+        pflags: pflags(flags),
+        attrs,
     }
 }
 
