@@ -917,7 +917,7 @@ fn append_and_sparse_writes() {
 
     // Two appenders through the mount, interleaved: nothing is overwritten and each
     // descriptor's records keep their order. (The order *across* the two descriptors is the
-    // subject of `bug_writes_through_two_descriptors_reach_the_server_in_order`.)
+    // subject of `writes_through_two_descriptors_reach_the_server_in_order`.)
     let mut a = OpenOptions::new()
         .append(true)
         .create(true)
@@ -1016,7 +1016,7 @@ fn append_and_sparse_writes() {
     }
 }
 
-/// BUG (reported, fails): a `write(2)` that has returned can be overtaken on the server by a
+/// Regression (was a bug): a `write(2)` that has returned can be overtaken on the server by a
 /// later `write(2)` through another descriptor of the same file. Writes are acknowledged once
 /// queued; each open file has its own queue, and the two descriptors' handles usually live on
 /// different SFTP channels (default `max_conns=4`), each served by its own sftp-server process,
@@ -1026,7 +1026,7 @@ fn append_and_sparse_writes() {
 /// lost (the server keeps the first write's bytes), in about 10-20% of the rounds; with
 /// `-o max_conns=1` none in 200 rounds.
 #[test]
-fn bug_writes_through_two_descriptors_reach_the_server_in_order() {
+fn writes_through_two_descriptors_reach_the_server_in_order() {
     let m = TestMount::start(&[]);
     const ROUNDS: usize = 100;
     let (mut append_wrong, mut overwrite_wrong) = (Vec::new(), Vec::new());
@@ -1917,7 +1917,7 @@ fn reconnect_after_connection_loss() {
     assert_same_bytes(&buf, &data[3_500_000..3_550_000], "reader after two drops");
 }
 
-/// BUG (reported, fails): with `-o reconnect`, the operation on an open file that is the
+/// Regression (was a bug): with `-o reconnect`, the operation on an open file that is the
 /// first to meet the lost connection fails with EIO instead of waiting for the reconnect and
 /// reopening the file. Here the kernel asks GETATTR with the file handle before the read
 /// (attr_timeout=0), the fstat on the dead connection fails ("connection lost: sending to the
@@ -1926,7 +1926,7 @@ fn reconnect_after_connection_loss() {
 /// channel was closed"); with the default TTLs the kernel's readahead fallback often hides it.
 /// `reconnect_after_connection_loss` passes because a path operation meets the loss first.
 #[test]
-fn bug_reconnect_first_operation_on_an_open_file() {
+fn reconnect_first_operation_on_an_open_file() {
     let m = TestMount::start(&["reconnect", NO_CACHE]);
     const ROUNDS: usize = 10;
     const CHUNK: usize = 100_000;
@@ -2318,14 +2318,14 @@ fn daemon_mode_detaches_from_the_caller() {
     );
 }
 
-/// BUG (reported, fails): the daemon keeps the caller's working directory. sshfs (libfuse's
+/// Regression (was a bug): the daemon keeps the caller's working directory. sshfs (libfuse's
 /// `fuse_daemonize`) changes to `/`, so the directory the executor ran it from (or the
 /// filesystem it is on) is not kept busy for the life of the mount: here `umount` of that
 /// filesystem fails with EBUSY. (A fix must resolve relative IdentityFile, CertificateFile
 /// and UserKnownHostsFile paths first: they are re-read on reconnect, see
 /// `daemon_mode_detaches_from_the_caller`.)
 #[test]
-fn bug_daemon_changes_to_the_root_directory() {
+fn daemon_changes_to_the_root_directory() {
     let sshd = TestSshd::start();
     let small = SmallTmpfs::new("1m");
     let how = Launch {

@@ -218,6 +218,12 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         reply: ReplyEntry,
     ) {
         // SFTP can create regular files only (and they come through create()).
+        if self.fs.is_read_only() {
+            return reply.error(errno(&FsError::new(
+                libc::EROFS,
+                "mknod: the mount is read-only",
+            )));
+        }
         let e = FsError::new(
             libc::EPERM,
             format!(
@@ -520,6 +526,44 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     ) {
         self.fs.releasedir(fh.0);
         reply.ok();
+    }
+
+    // Extended attributes: SFTP v3 has none. Answer as a filesystem without xattrs does
+    // (quietly: `ls -l`, `cp -a` and exec ask for them all the time).
+    fn getxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _size: u32,
+        reply: fuser::ReplyXattr,
+    ) {
+        reply.error(Errno::from_i32(libc::ENODATA));
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
+        if size == 0 {
+            reply.size(0);
+        } else {
+            reply.data(&[]);
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _name: &OsStr,
+        _value: &[u8],
+        _flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+    }
+
+    fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::from_i32(libc::ENODATA));
     }
 
     fn fsyncdir(

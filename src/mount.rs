@@ -406,6 +406,37 @@ fn run_inner(
         config,
         rt.handle().clone(),
     ));
+    // Everything that serves the mount is up before the kernel shows it: `status`,
+    // `downgrade` and policy edits work from the first moment the mount is visible.
+    let _guard = rt.enter();
+    let info = MountInfo {
+        remote: fsname(req),
+        mountpoint: mountpoint.clone(),
+        expires_at: req.expires_at,
+        policy_source: policy.source.clone(),
+    };
+    let _control = crate::control::serve(&mountpoint, control_handlers(&fs, &remote, info))
+        .map_err(|e| tracing::warn!("no control socket (status/downgrade unavailable): {e}"))
+        .ok();
+    if let Some(t) = req.expires_at {
+        rt.spawn(enforce_lease(
+            fs.clone(),
+            mountpoint.clone(),
+            t,
+            policy.grace,
+        ));
+    }
+    if root_has_quota_limit(&policy) {
+        rt.spawn(measure_base_usage(
+            remote.clone(),
+            root.clone(),
+            enforcer.clone(),
+        ));
+    }
+    let _watch = match &policy_file {
+        Some(file) => watch_policy(file, req, fs.clone(), mountpoint.clone()),
+        None => None,
+    };
     let adapter = FuseAdapter::new(fs.clone());
     let fuse_cfg = fuse_config(req, read_only);
     let mount_err = |e: std::io::Error| {
@@ -437,35 +468,6 @@ fn run_inner(
         req.options.max_readahead.unwrap_or(DEFAULT_READAHEAD),
     );
     let lost = watch_connection(&remote, &rt, mountpoint.clone());
-    let _guard = rt.enter();
-    let info = MountInfo {
-        remote: fsname(req),
-        mountpoint: mountpoint.clone(),
-        expires_at: req.expires_at,
-        policy_source: policy.source.clone(),
-    };
-    let _control = crate::control::serve(&mountpoint, control_handlers(&fs, &remote, info))
-        .map_err(|e| tracing::warn!("no control socket (status/downgrade unavailable): {e}"))
-        .ok();
-    if let Some(t) = req.expires_at {
-        rt.spawn(enforce_lease(
-            fs.clone(),
-            mountpoint.clone(),
-            t,
-            policy.grace,
-        ));
-    }
-    if root_has_quota_limit(&policy) {
-        rt.spawn(measure_base_usage(
-            remote.clone(),
-            root.clone(),
-            enforcer.clone(),
-        ));
-    }
-    let _watch = match &policy_file {
-        Some(file) => watch_policy(file, req, fs.clone(), mountpoint.clone()),
-        None => None,
-    };
     serve(session, unmounter, fs, &rt, mountpoint, readiness)?;
     if lost.load(std::sync::atomic::Ordering::Acquire) {
         return Err(fail(
@@ -672,30 +674,58 @@ pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<
     if first {
         tracing::warn!(mountpoint = %mountpoint.display(), "mount downgraded to read-only");
     }
-    if nix::unistd::geteuid().is_root() {
-        use nix::mount::MsFlags;
+    if first && nix::unistd::geteuid().is_root() {
         let mp = mountpoint.to_path_buf();
-        let remounted = tokio::task::spawn_blocking(move || {
-            nix::mount::mount(
-                None::<&str>,
-                &mp,
-                None::<&str>,
-                MsFlags::MS_REMOUNT
-                    | MsFlags::MS_BIND
-                    | MsFlags::MS_RDONLY
-                    | MsFlags::MS_NODEV
-                    | MsFlags::MS_NOSUID,
-                None::<&str>,
-            )
-        })
-        .await;
-        if let Ok(Err(e)) = remounted {
-            tracing::info!(
-                "kernel remount read-only failed ({e}); the filesystem refuses writes itself"
-            );
-        }
+        tokio::spawn(remount_read_only(mp));
     }
     flushed.map_err(|e| format!("downgraded, but some writes failed to flush: {e}"))
+}
+
+/// Make the kernel mount itself read-only, keeping its other per-mount flags (a bind
+/// remount replaces them all). The kernel refuses while a file is open for writing (EBUSY);
+/// the filesystem already answers EROFS to every change, so such writers close soon: retry
+/// until it works or the mount is gone.
+async fn remount_read_only(mountpoint: PathBuf) {
+    use nix::mount::MsFlags;
+    use nix::sys::statvfs::FsFlags;
+    loop {
+        let mp = mountpoint.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let current = nix::sys::statvfs::statvfs(&mp)?.flags();
+            let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+            for (have, keep) in [
+                (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+                (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+                (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+                (FsFlags::ST_SYNCHRONOUS, MsFlags::MS_SYNCHRONOUS),
+                (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+                (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+                (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+            ] {
+                if current.contains(have) {
+                    flags |= keep;
+                }
+            }
+            nix::mount::mount(None::<&str>, &mp, None::<&str>, flags, None::<&str>)
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => return,
+            Ok(Err(nix::errno::Errno::EBUSY)) => {
+                tracing::debug!(
+                    "kernel remount read-only: a file is still open for writing; retrying"
+                );
+            }
+            other => {
+                tracing::info!("kernel remount read-only not possible ({other:?}); the filesystem refuses writes itself");
+                return;
+            }
+        }
+        if !crate::mountinfo::is_mount_point(&mountpoint).unwrap_or(false) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// At the lease's end: read-only at once, unmounted after the grace period.
@@ -813,7 +843,10 @@ fn watch_policy(
     let rt = fs.runtime().clone();
     let watched = crate::policy::reload::watch(
         file,
-        move |p| p.tighten(&tightening),
+        move |p| {
+            p.restate(&tightening);
+            Ok(())
+        },
         move |p: Policy| {
             fs.enforcer().apply(&p);
             fs.set_cache_config(p.cache);

@@ -84,6 +84,32 @@ pub fn is_mounted(path: &Path) -> bool {
     !fstypes_at(path).is_empty()
 }
 
+/// The per-mount options (`ro`, `nosuid`, ...) of what is mounted at `path` (the top of the
+/// stack), from `/proc/self/mountinfo`; None when nothing is mounted there. `path` must be
+/// canonical.
+pub fn mount_options_at(path: &Path) -> Option<Vec<String>> {
+    let text = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            (fields.len() > 5 && unescape(fields[4]) == path)
+                .then(|| fields[5].split(',').map(str::to_string).collect())
+        })
+        .next_back()
+}
+
+/// Mount points at `dir` or below it (canonical `dir`), in mountinfo order.
+pub fn mount_points_under(dir: &Path) -> Vec<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
+    text.lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let mp = unescape(fields.get(4)?);
+            mp.starts_with(dir).then_some(mp)
+        })
+        .collect()
+}
+
 /// An awcp-mount filesystem (`fuse.awcp`) is mounted at `path`.
 pub fn is_awcp_mounted(path: &Path) -> bool {
     fstypes_at(path).iter().any(|t| t == "fuse.awcp")

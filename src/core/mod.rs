@@ -177,6 +177,11 @@ pub struct Fs<R: Remote> {
     /// Whether the export is an AWCP export (`.awcp/manifest.json` at its root) and, if its
     /// manifest names them, which top-level names are resources. Read once.
     awcp_export: tokio::sync::OnceCell<Option<Vec<OsString>>>,
+    /// Recent lookup misses per directory (count, since) and listings being fetched for
+    /// lookups: see `lookups_warrant_listing`.
+    lookup_misses: Mutex<lru::LruCache<Ino, (u32, std::time::Instant)>>,
+    #[allow(clippy::type_complexity)]
+    listings_in_flight: Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<Arc<Vec<DirEntry>>>>>>>,
     pub stats: Stats,
 }
 
@@ -259,6 +264,10 @@ impl<R: Remote> Fs<R> {
             enforcer,
             resource_links: Mutex::new(HashMap::new()),
             awcp_export: tokio::sync::OnceCell::new(),
+            lookup_misses: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(1024).expect("non-zero"),
+            )),
+            listings_in_flight: Mutex::new(HashMap::new()),
             stats: Stats::default(),
         }
     }
@@ -323,11 +332,13 @@ impl<R: Remote> Fs<R> {
 
     /// The size of `ino` for quota accounting: tracked, or asked of the server.
     async fn quota_size(&self, ino: Option<Ino>, path: &Path) -> u64 {
-        if !self.enforcer.quota.is_limited() {
-            return 0;
-        }
+        // What the mount tracked is used whether or not a limit is set, so usage stays
+        // right when a limit is set later; asking the server is only worth it with a limit.
         if let Some(size) = ino.and_then(|i| self.enforcer.quota.size_of(i)) {
             return size;
+        }
+        if !self.enforcer.quota.is_limited() {
+            return 0;
         }
         match self.remote.lstat(path).await {
             Ok(a) if a.file_type() == FileKind::File => a.size.unwrap_or(0),
@@ -760,6 +771,29 @@ impl<R: Remote> Fs<R> {
             }
             since
         };
+        if self.lookups_warrant_listing(parent) {
+            if let Some(listing) = self.list_dir_shared(parent).await {
+                let follow = self.config.lock().unwrap().follow_symlinks;
+                match listing.iter().find(|e| e.name == name) {
+                    None => {
+                        self.cache.lock().unwrap().put_negative(parent, name);
+                        return Err(FsError::new(
+                            libc::ENOENT,
+                            format!("{}: not in listing", path.display()),
+                        ));
+                    }
+                    Some(e)
+                        if e.attrs.size.is_some()
+                            && !(e.attrs.file_type() == FileKind::Symlink
+                                && (follow
+                                    || (parent == ROOT_INO && self.maybe_resource(name)))) =>
+                    {
+                        return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
+                    }
+                    Some(_) => {}
+                }
+            }
+        }
         match self.stat_path(&path).await {
             Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
@@ -932,7 +966,7 @@ impl<R: Remote> Fs<R> {
         // Truncating up is charged to the quota, down gives back.
         let quota = &self.enforcer.quota;
         let resized_from = match req.size {
-            Some(size) if quota.is_limited() => {
+            Some(size) if quota.is_limited() || quota.knows(ino) => {
                 if !quota.knows(ino) {
                     let known = match &file {
                         Some(f) => self.remote.fstat(&f.handle().await).await.ok(),
@@ -1254,9 +1288,24 @@ impl<R: Remote> Fs<R> {
         self.check_writable("link")?;
         let existing = self.path_of(ino)?;
         let new = self.child_path(new_parent, new_name)?;
-        self.reserve_entry(&new)?;
+        // SFTP v3 has no link counts, so an unlink cannot tell whether the data lives on
+        // under another name: a hard link is charged as a copy (and given back by unlink).
+        let size = self.quota_size(Some(ino), &existing).await;
+        self.enforcer.quota.reserve_bytes(size).map_err(|_| {
+            FsError::new(
+                libc::ENOSPC,
+                format!(
+                    "{}: a hard link counts as a copy, and the byte quota is used up",
+                    new.display()
+                ),
+            )
+        })?;
+        if let Err(e) = self.reserve_entry(&new) {
+            self.enforcer.quota.release_bytes(size);
+            return Err(e);
+        }
         if let Err(e) = self.remote.hardlink(&existing, &new).await {
-            self.enforcer.quota.release_entry(None, 0);
+            self.enforcer.quota.release_entry(None, size);
             return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
         }
         self.attrs_changed(ino, None);
@@ -1278,6 +1327,10 @@ impl<R: Remote> Fs<R> {
         };
         if flags.truncate {
             self.attrs_changed(ino, None);
+            if self.enforcer.quota.knows(ino) {
+                // Truncated to nothing: what it held is given back.
+                let _ = self.enforcer.quota.resize(ino, 0);
+            }
         }
         if flags.write && self.enforcer.quota.is_limited() {
             // Writes are charged by how far they grow the file: know its size first.
@@ -1592,35 +1645,7 @@ impl<R: Remote> Fs<R> {
             // Learn (once) whether this is an AWCP export, before its entries are shown.
             self.is_resource_name(OsStr::new("")).await;
         }
-        let since = self.cache.lock().unwrap().now();
-        let listing = match self.remote.read_dir(&path).await {
-            Ok(l) => l,
-            Err(e) => return Err(self.explain(Op::Readdir, e, &path, None).await),
-        };
-        let mut listing: Vec<DirEntry> = listing
-            .into_iter()
-            .filter(|e| {
-                let ok = is_valid_listing_name(&e.name);
-                if !ok {
-                    tracing::warn!(dir = %path.display(), name = ?e.name, "server sent an invalid name in a listing; hidden");
-                }
-                ok
-            })
-            .collect();
-        {
-            // Entries changed through the mount while the listing was on its way may show
-            // attributes from before the change: mark those unknown (see listing_update).
-            let inodes = self.inodes.lock().unwrap();
-            let cache = self.cache.lock().unwrap();
-            for e in listing.iter_mut() {
-                if inodes
-                    .child(ino, &e.name)
-                    .is_some_and(|child| cache.changed_since(child, since))
-                {
-                    e.attrs.size = None;
-                }
-            }
-        }
+        let (listing, since) = self.list_dir(ino, &path).await?;
         let mut items = Vec::with_capacity(listing.len() + 2);
         items.push(DirItem {
             name: ".".into(),
@@ -1648,13 +1673,86 @@ impl<R: Remote> Fs<R> {
                 listed_at: since,
             });
         }
-        self.cache.lock().unwrap().put_dir(ino, Arc::new(listing));
         let fh = self.alloc_fh();
         self.dirs
             .lock()
             .unwrap()
             .insert(fh, Arc::new(DirHandle { ino, items }));
         Ok(fh)
+    }
+
+    /// List a directory on the server, keep the listing in the cache (it answers lookups) and
+    /// return it with the change clock from before it was asked for.
+    async fn list_dir(&self, ino: Ino, path: &Path) -> FsResult<(Arc<Vec<DirEntry>>, u64)> {
+        let since = self.cache.lock().unwrap().now();
+        let listing = match self.remote.read_dir(path).await {
+            Ok(l) => l,
+            Err(e) => return Err(self.explain(Op::Readdir, e, path, None).await),
+        };
+        let mut listing: Vec<DirEntry> = listing
+            .into_iter()
+            .filter(|e| {
+                let ok = is_valid_listing_name(&e.name);
+                if !ok {
+                    tracing::warn!(dir = %path.display(), name = ?e.name, "server sent an invalid name in a listing; hidden");
+                }
+                ok
+            })
+            .collect();
+        {
+            // Entries changed through the mount while the listing was on its way may show
+            // attributes from before the change: mark those unknown (see listing_update).
+            let inodes = self.inodes.lock().unwrap();
+            let cache = self.cache.lock().unwrap();
+            for e in listing.iter_mut() {
+                if inodes
+                    .child(ino, &e.name)
+                    .is_some_and(|child| cache.changed_since(child, since))
+                {
+                    e.attrs.size = None;
+                }
+            }
+        }
+        let listing = Arc::new(listing);
+        self.cache.lock().unwrap().put_dir(ino, listing.clone());
+        Ok((listing, since))
+    }
+
+    /// Whether lookups missing in `parent` come often enough that listing the directory
+    /// once is cheaper than asking for each name (`git status` and `find` stat every file of
+    /// a directory one after the other: one listing answers them all).
+    fn lookups_warrant_listing(&self, parent: Ino) -> bool {
+        if self.cache_config().dir_ttl.is_zero() {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        let mut misses = self.lookup_misses.lock().unwrap();
+        let entry = misses.get_or_insert_mut(parent, || (0, now));
+        if now.duration_since(entry.1) > Duration::from_secs(2) {
+            *entry = (0, now);
+        }
+        entry.0 += 1;
+        entry.0 >= 2
+    }
+
+    /// List `dir` for lookups, once however many lookups ask at the same time.
+    async fn list_dir_shared(&self, dir: Ino) -> Option<Arc<Vec<DirEntry>>> {
+        let cell = self
+            .listings_in_flight
+            .lock()
+            .unwrap()
+            .entry(dir)
+            .or_default()
+            .clone();
+        let listing = cell
+            .get_or_init(|| async {
+                let path = self.path_of(dir).ok()?;
+                self.list_dir(dir, &path).await.ok().map(|(l, _)| l)
+            })
+            .await
+            .clone();
+        self.listings_in_flight.lock().unwrap().remove(&dir);
+        listing
     }
 
     /// Entries of an open directory from `offset` on (the kernel's cookie).

@@ -81,9 +81,9 @@ impl std::str::FromStr for SymlinkMode {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
-    mount_root: Option<PathBuf>,
+    mount_root: Option<toml::Spanned<PathBuf>>,
     create_mountpoint: Option<bool>,
-    allowed_access_modes: Option<Vec<AccessMode>>,
+    allowed_access_modes: Option<toml::Spanned<Vec<AccessMode>>>,
     symlinks: Option<SymlinkMode>,
     quota: Option<QuotaFile>,
     lease: Option<LeaseFile>,
@@ -109,10 +109,10 @@ struct LeaseFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct CacheFile {
-    attr_ttl: Option<f64>,
-    entry_ttl: Option<f64>,
-    negative_ttl: Option<f64>,
-    max_entries: Option<usize>,
+    attr_ttl: Option<toml::Spanned<f64>>,
+    entry_ttl: Option<toml::Spanned<f64>>,
+    negative_ttl: Option<toml::Spanned<f64>>,
+    max_entries: Option<toml::Spanned<usize>>,
 }
 
 /// The policy in force: every setting resolved.
@@ -160,13 +160,30 @@ impl Default for Policy {
 #[error("{0}")]
 pub struct PolicyError(pub String);
 
-fn ttl(file: &Path, key: &str, v: Option<f64>, default: Duration) -> Result<Duration, PolicyError> {
+/// "FILE: line N: " for a value at byte `span` of the file's text.
+fn at(file: &Path, text: &str, span: std::ops::Range<usize>) -> String {
+    let line = text
+        .get(..span.start)
+        .map_or(1, |t| t.matches('\n').count() + 1);
+    format!("{}: line {line}: ", file.display())
+}
+
+fn ttl(
+    file: &Path,
+    text: &str,
+    key: &str,
+    v: &Option<toml::Spanned<f64>>,
+    default: Duration,
+) -> Result<Duration, PolicyError> {
     match v {
         None => Ok(default),
-        Some(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Ok(Duration::from_secs_f64(s)),
+        Some(s) if s.get_ref().is_finite() && (0.0..=86_400.0).contains(s.get_ref()) => {
+            Ok(Duration::from_secs_f64(*s.get_ref()))
+        }
         Some(s) => Err(PolicyError(format!(
-            "{}: [cache] {key} = {s}: must be between 0 and 86400 seconds",
-            file.display()
+            "{}[cache] {key} = {}: must be between 0 and 86400 seconds",
+            at(file, text, s.span()),
+            s.get_ref()
         ))),
     }
 }
@@ -179,37 +196,43 @@ impl Policy {
             PolicyError(format!("{}: {}", file.display(), e.to_string().trim_end()))
         })?;
         let d = Policy::default();
-        let mount_root = f.mount_root.unwrap_or(d.mount_root);
-        if !mount_root.is_absolute() {
-            return Err(PolicyError(format!(
-                "{}: mount_root = {:?}: must be an absolute path",
-                file.display(),
-                mount_root
-            )));
-        }
-        let modes = f.allowed_access_modes.unwrap_or(d.allowed_access_modes);
-        if modes.is_empty() {
-            return Err(PolicyError(format!(
-                "{}: allowed_access_modes is empty: allow at least [\"ro\"]",
-                file.display()
-            )));
-        }
+        let mount_root = match f.mount_root {
+            Some(r) if !r.get_ref().is_absolute() => {
+                return Err(PolicyError(format!(
+                    "{}mount_root = {:?}: must be an absolute path",
+                    at(file, text, r.span()),
+                    r.get_ref()
+                )))
+            }
+            Some(r) => r.into_inner(),
+            None => d.mount_root,
+        };
+        let modes = match f.allowed_access_modes {
+            Some(m) if m.get_ref().is_empty() => {
+                return Err(PolicyError(format!(
+                    "{}allowed_access_modes is empty: allow at least [\"ro\"]",
+                    at(file, text, m.span())
+                )))
+            }
+            Some(m) => m.into_inner(),
+            None => d.allowed_access_modes,
+        };
         let q = f.quota.unwrap_or_default();
         let c = f.cache.unwrap_or_default();
         let dc = CacheConfig::default();
         let cache = CacheConfig {
-            attr_ttl: ttl(file, "attr_ttl", c.attr_ttl, dc.attr_ttl)?,
-            entry_ttl: ttl(file, "entry_ttl", c.entry_ttl, dc.entry_ttl)?,
-            negative_ttl: ttl(file, "negative_ttl", c.negative_ttl, dc.negative_ttl)?,
-            dir_ttl: ttl(file, "entry_ttl", c.entry_ttl, dc.dir_ttl)?,
+            attr_ttl: ttl(file, text, "attr_ttl", &c.attr_ttl, dc.attr_ttl)?,
+            entry_ttl: ttl(file, text, "entry_ttl", &c.entry_ttl, dc.entry_ttl)?,
+            negative_ttl: ttl(file, text, "negative_ttl", &c.negative_ttl, dc.negative_ttl)?,
+            dir_ttl: ttl(file, text, "entry_ttl", &c.entry_ttl, dc.dir_ttl)?,
             max_entries: match c.max_entries {
-                Some(0) => {
+                Some(n) if *n.get_ref() == 0 => {
                     return Err(PolicyError(format!(
-                        "{}: [cache] max_entries = 0: must be at least 1",
-                        file.display()
+                        "{}[cache] max_entries = 0: must be at least 1",
+                        at(file, text, n.span())
                     )))
                 }
-                Some(n) => n,
+                Some(n) => n.into_inner(),
                 None => dc.max_entries,
             },
         };
@@ -280,15 +303,29 @@ impl Policy {
                 )));
             }
         }
-        if let Some(root) = &t.mount_root {
-            if !root.starts_with(&self.mount_root) {
-                return Err(loosen(format!(
-                    "-o mount_root={} (policy: mount_root = {})",
-                    root.display(),
-                    self.mount_root.display()
-                )));
+        // Compared after resolving symlinks and "..": `root/../elsewhere` or a link inside the
+        // root pointing out of it must not pass for "inside".
+        let narrower_root = match &t.mount_root {
+            Some(root) => {
+                let resolved = root
+                    .canonicalize()
+                    .map_err(|e| PolicyError(format!("-o mount_root={}: {e}", root.display())))?;
+                let policy_root = self
+                    .mount_root
+                    .canonicalize()
+                    .unwrap_or(self.mount_root.clone());
+                if !resolved.starts_with(&policy_root) {
+                    return Err(loosen(format!(
+                        "-o mount_root={} (resolves to {}; policy: mount_root = {})",
+                        root.display(),
+                        resolved.display(),
+                        self.mount_root.display()
+                    )));
+                }
+                Some(resolved)
             }
-        }
+            None => None,
+        };
         let tighter = |cli: Option<u64>,
                        policy: Option<u64>,
                        what: &str|
@@ -314,8 +351,8 @@ impl Policy {
         if let Some(mode) = t.symlinks {
             self.symlinks = mode;
         }
-        if let Some(root) = &t.mount_root {
-            self.mount_root = root.clone();
+        if let Some(root) = narrower_root {
+            self.mount_root = root;
         }
         // Cache lifetimes bound how stale a view may be: a shorter one is always fine, a
         // longer one is capped at the policy's (not an error: sshfs command lines set these).
@@ -334,6 +371,41 @@ impl Policy {
             c.max_entries = n.min(c.max_entries).max(1);
         }
         Ok(())
+    }
+}
+
+impl Policy {
+    /// Apply command-line restatements to a policy reloaded while mounted: each setting keeps
+    /// whichever of the two is stricter (the file may have become stricter than the command
+    /// line, or looser; neither is an error any more, the mount exists). The mount root no
+    /// longer matters.
+    pub fn restate(&mut self, t: &Tightening) {
+        if let Some(mode) = t.symlinks {
+            self.symlinks = self.symlinks.max(mode);
+        }
+        let min = |cli: Option<u64>, file: Option<u64>| match (cli, file) {
+            (Some(c), Some(f)) => Some(c.min(f)),
+            (c, f) => c.or(f),
+        };
+        self.max_bytes = min(t.max_bytes, self.max_bytes);
+        self.max_files = min(t.max_files, self.max_files);
+        if let Some(g) = t.grace {
+            self.grace = self.grace.min(g);
+        }
+        let c = &mut self.cache;
+        for (cli, slot) in [
+            (t.attr_ttl, &mut c.attr_ttl),
+            (t.entry_ttl, &mut c.entry_ttl),
+            (t.negative_ttl, &mut c.negative_ttl),
+            (t.dir_ttl, &mut c.dir_ttl),
+        ] {
+            if let Some(v) = cli {
+                *slot = v.min(*slot);
+            }
+        }
+        if let Some(n) = t.max_entries {
+            c.max_entries = n.min(c.max_entries).max(1);
+        }
     }
 }
 
@@ -423,7 +495,16 @@ mod tests {
 
     #[test]
     fn command_line_only_tightens() {
-        let mut p = parse("symlinks = \"contain\"\n[quota]\nmax_bytes = 1000\n").unwrap();
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        std::fs::create_dir_all(root.join("team")).unwrap();
+        std::fs::create_dir(t.path().join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(t.path().join("elsewhere"), root.join("link")).unwrap();
+        let text = format!(
+            "mount_root = {:?}\nsymlinks = \"contain\"\n[quota]\nmax_bytes = 1000\n",
+            root.display().to_string()
+        );
+        let mut p = parse(&text).unwrap();
         let loosen = Tightening {
             symlinks: Some(SymlinkMode::Allow),
             ..Default::default()
@@ -434,27 +515,67 @@ mod tests {
             ..Default::default()
         };
         assert!(p.clone().tighten(&bigger).is_err());
-        let elsewhere = Tightening {
-            mount_root: Some("/tmp".into()),
-            ..Default::default()
-        };
-        assert!(p.clone().tighten(&elsewhere).is_err());
+        for escape in [
+            t.path().join("elsewhere"),
+            root.join("../elsewhere"),
+            root.join("link"),
+        ] {
+            let elsewhere = Tightening {
+                mount_root: Some(escape.clone()),
+                ..Default::default()
+            };
+            assert!(
+                p.clone().tighten(&elsewhere).is_err(),
+                "{}",
+                escape.display()
+            );
+        }
         let tighter = Tightening {
             symlinks: Some(SymlinkMode::Deny),
             max_bytes: Some(10),
             max_files: Some(3),
-            mount_root: Some("/var/lib/awcp/mounts/team".into()),
+            mount_root: Some(root.join("team")),
             attr_ttl: Some(Duration::from_secs(60)),
             ..Default::default()
         };
         p.tighten(&tighter).unwrap();
         assert_eq!(p.symlinks, SymlinkMode::Deny);
         assert_eq!((p.max_bytes, p.max_files), (Some(10), Some(3)));
+        assert_eq!(p.mount_root, root.join("team").canonicalize().unwrap());
         assert_eq!(
             p.cache.attr_ttl,
             Duration::from_secs(1),
             "capped at the policy's"
         );
+    }
+
+    #[test]
+    fn value_errors_name_the_line() {
+        for (text, line) in [
+            ("\nmount_root = \"relative\"\n", "line 2"),
+            ("\n\nallowed_access_modes = []\n", "line 3"),
+            ("[cache]\nattr_ttl = -1.0\n", "line 2"),
+            ("[cache]\n\nmax_entries = 0\n", "line 3"),
+        ] {
+            let e = parse(text).unwrap_err().0;
+            assert!(
+                e.contains(line) && e.contains("policy.toml"),
+                "{text:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn reload_keeps_the_stricter_of_file_and_command_line() {
+        let mut p = parse("symlinks = \"deny\"\n[quota]\nmax_bytes = 1000\n").unwrap();
+        p.restate(&Tightening {
+            symlinks: Some(SymlinkMode::Contain),
+            max_bytes: Some(50_000),
+            max_files: Some(7),
+            ..Default::default()
+        });
+        assert_eq!(p.symlinks, SymlinkMode::Deny);
+        assert_eq!((p.max_bytes, p.max_files), (Some(1000), Some(7)));
     }
 
     #[test]

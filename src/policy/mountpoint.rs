@@ -228,6 +228,12 @@ pub fn verdict(policy: &Policy, requested: &Path) -> Result<Verdict, Denied> {
 
 /// Check `requested` and hold it open for mounting, creating it (mode 0700) if the policy
 /// allows and it does not exist.
+///
+/// The path-level rules run first (for their messages); then the directory is opened without
+/// following a final symlink and everything that decides whether mounting there is safe is
+/// checked again *on the open directory*: that it is still the resolved path inside the root,
+/// owned by us, empty and not a mount point. The mount is made on this descriptor, so a path
+/// swapped or exchanged (`renameat2(RENAME_EXCHANGE)`) at any moment cannot redirect it.
 pub fn check(policy: &Policy, requested: &Path) -> Result<Checked, Denied> {
     let v = verdict(policy, requested)?;
     if v.would_create {
@@ -236,40 +242,100 @@ pub fn check(policy: &Policy, requested: &Path) -> Result<Checked, Denied> {
             .create(&v.path)
             .map_err(|e| deny("exists", format!("cannot create {}: {e}", v.path.display())))?;
     }
-    let checked_meta = std::fs::symlink_metadata(&v.path);
-    let opened = open_dir_nofollow(&v.path).map_err(|e| {
-        deny(
-            "not-a-symlink",
-            format!("cannot open {} as a directory: {e}", v.path.display()),
-        )
-    });
-    let result = (|| {
-        let dir = opened?;
-        let checked =
-            checked_meta.map_err(|e| deny("path", format!("{}: {e}", v.path.display())))?;
-        // The descriptor must be the directory we checked, still inside the root.
-        let st = nix::sys::stat::fstat(&dir).map_err(|e| deny("path", format!("fstat: {e}")))?;
-        let now_at =
-            std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).unwrap_or_default();
-        if st.st_dev != checked.dev() || st.st_ino != checked.ino() || now_at != v.path {
-            return Err(deny(
-                "changed",
-                format!(
-                    "{} changed while it was being checked; try again",
-                    v.path.display()
-                ),
-            ));
-        }
-        Ok(Checked {
-            path: v.path.clone(),
-            dir,
-            created: v.would_create,
-        })
-    })();
+    let result = check_open(&v.path);
     if result.is_err() && v.would_create {
         let _ = std::fs::remove_dir(&v.path);
     }
-    result
+    result.map(|dir| Checked {
+        path: v.path.clone(),
+        dir,
+        created: v.would_create,
+    })
+}
+
+fn check_open(path: &Path) -> Result<OwnedFd, Denied> {
+    let dir = open_dir_nofollow(path).map_err(|e| {
+        deny(
+            "not-a-symlink",
+            format!("cannot open {} as a directory: {e}", path.display()),
+        )
+    })?;
+    let changed = || {
+        deny(
+            "changed",
+            format!(
+                "{} changed while it was being checked; try again",
+                path.display()
+            ),
+        )
+    };
+    let now_at =
+        std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).unwrap_or_default();
+    if now_at != path {
+        return Err(changed());
+    }
+    let st = nix::sys::stat::fstat(&dir).map_err(|e| deny("path", format!("fstat: {e}")))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(deny(
+            "owner",
+            format!(
+                "{} is owned by uid {}, not by the mounting user (uid {me})",
+                path.display(),
+                st.st_uid
+            ),
+        ));
+    }
+    if is_mount_root(&dir) {
+        return Err(deny(
+            "not-mounted",
+            format!(
+                "{} is already a mount point (unmount it first)",
+                path.display()
+            ),
+        ));
+    }
+    // List the directory we hold, not the path.
+    let listed = nix::dir::Dir::openat(
+        &dir,
+        ".",
+        nix::fcntl::OFlag::O_RDONLY | nix::fcntl::OFlag::O_DIRECTORY,
+        nix::sys::stat::Mode::empty(),
+    )
+    .map_err(|e| deny("empty", format!("{}: {e}", path.display())))?;
+    let mut listed = listed;
+    let has_entries = listed.iter().flatten().any(|e| {
+        let n = e.file_name().to_bytes();
+        n != b"." && n != b".."
+    });
+    if has_entries {
+        return Err(deny(
+            "empty",
+            format!(
+                "{} is not empty; mounting would hide its files",
+                path.display()
+            ),
+        ));
+    }
+    Ok(dir)
+}
+
+/// Whether the open directory is the root of a mount (`STATX_ATTR_MOUNT_ROOT`).
+fn is_mount_root(dir: &OwnedFd) -> bool {
+    // SAFETY: statx writes into the zeroed buffer we pass; the descriptor is open.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            dir.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH,
+            libc::STATX_BASIC_STATS,
+            &mut stx,
+        )
+    };
+    rc == 0
+        && stx.stx_attributes_mask & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
+        && stx.stx_attributes & libc::STATX_ATTR_MOUNT_ROOT as u64 != 0
 }
 
 #[cfg(test)]

@@ -159,6 +159,24 @@ impl Quota {
         self.state.lock().unwrap().sizes.get(&ino).copied()
     }
 
+    /// Reserve `bytes` more of the budget (a hard link: it may keep data alive that an
+    /// unlink of the other name would otherwise give back, so it counts as a copy).
+    pub fn reserve_bytes(&self, bytes: u64) -> Result<(), OverQuota> {
+        let mut s = self.state.lock().unwrap();
+        if let Some(max) = s.max_bytes {
+            if s.bytes + bytes as i64 > max as i64 {
+                return Err(OverQuota);
+            }
+        }
+        s.bytes += bytes as i64;
+        Ok(())
+    }
+
+    /// Give back bytes reserved with [`Quota::reserve_bytes`].
+    pub fn release_bytes(&self, bytes: u64) {
+        self.state.lock().unwrap().bytes -= bytes as i64;
+    }
+
     /// Reserve one new entry (file, directory, link).
     pub fn reserve_entry(&self) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
