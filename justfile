@@ -45,3 +45,13 @@ bench:
 clean-mounts *dir:
     scripts/ensure-deps.sh
     scripts/clean-mounts.sh "$@"
+
+# Man page and shell completions, generated from the CLI definition, into target/dist/
+dist-files:
+    scripts/ensure-deps.sh
+    cargo build --release
+    mkdir -p target/dist/completions
+    target/release/awcp-mount generate man > target/dist/awcp-mount.8
+    target/release/awcp-mount generate bash > target/dist/completions/awcp-mount.bash
+    target/release/awcp-mount generate zsh > target/dist/completions/_awcp-mount
+    target/release/awcp-mount generate fish > target/dist/completions/awcp-mount.fish

@@ -125,6 +125,12 @@ enum Command {
     },
     /// Turn a running mount read-only now (writes already made are flushed first)
     Downgrade { mountpoint: PathBuf },
+    /// Write the man page or shell completions (for packaging)
+    #[command(hide = true)]
+    Generate {
+        /// `man`, `bash`, `zsh` or `fish`
+        what: String,
+    },
     /// Show the running mounts: remote, access, quota, lease, connection, traffic
     Status {
         /// Only this mount
@@ -180,6 +186,7 @@ fn main() -> ExitCode {
         Some(Command::Check { mountpoint, policy }) => exit(check_mountpoint(&mountpoint, policy)),
         Some(Command::Downgrade { mountpoint }) => exit(downgrade(&mountpoint)),
         Some(Command::Status { mountpoint, json }) => exit(status(mountpoint, json)),
+        Some(Command::Generate { what }) => exit(generate(&what)),
         None => exit(mount_command(cli)),
     }
 }
@@ -368,4 +375,24 @@ fn read_fd(fd: i32, flag: &str) -> Result<String, String> {
         return Err(format!("{flag} {fd}: nothing was written to it"));
     }
     Ok(text)
+}
+
+/// The man page (awcp-mount.8) or a completion script, from the same definition as the
+/// command line itself, so they cannot drift apart.
+fn generate(what: &str) -> Result<(), String> {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let mut out = std::io::stdout();
+    let shell = match what {
+        "man" => {
+            let man = clap_mangen::Man::new(cmd).section("8");
+            return man.render(&mut out).map_err(|e| e.to_string());
+        }
+        "bash" => clap_complete::Shell::Bash,
+        "zsh" => clap_complete::Shell::Zsh,
+        "fish" => clap_complete::Shell::Fish,
+        other => return Err(format!("generate: '{other}' is not man, bash, zsh or fish")),
+    };
+    clap_complete::generate(shell, &mut cmd, "awcp-mount", &mut out);
+    Ok(())
 }
