@@ -1140,11 +1140,15 @@ impl<R: Remote> Fs<R> {
         let path = self.child_path(parent, name)?;
         let perm = mode & !umask & 0o7777;
         self.reserve_entry(&path)?;
-        if let Err(e) = self.remote.mkdir(&path, perm).await {
-            self.enforcer.quota.release_entry(None, 0);
-            return Err(self.explain(Op::Mkdir, e, &path, None).await);
-        }
-        self.finish_create(parent, name, &path, Some(perm), None)
+        let since = self.cache.lock().unwrap().now();
+        let attrs = match self.remote.mkdir_stat(&path, perm).await {
+            Ok(a) => a,
+            Err(e) => {
+                self.enforcer.quota.release_entry(None, 0);
+                return Err(self.explain(Op::Mkdir, e, &path, None).await);
+            }
+        };
+        self.finish_create(parent, name, &path, Some(perm), Some((attrs, since)))
             .await
     }
 

@@ -374,6 +374,17 @@ pub trait Remote: Send + Sync + 'static {
 
     fn remove(&self, path: &Path) -> impl Future<Output = RemoteResult<()>> + Send;
     fn mkdir(&self, path: &Path, perm: u32) -> impl Future<Output = RemoteResult<()>> + Send;
+    /// Make a directory and return its attributes right after (one round trip on SFTP).
+    fn mkdir_stat(
+        &self,
+        path: &Path,
+        perm: u32,
+    ) -> impl Future<Output = RemoteResult<Attrs>> + Send {
+        async move {
+            self.mkdir(path, perm).await?;
+            self.lstat(path).await
+        }
+    }
     fn rmdir(&self, path: &Path) -> impl Future<Output = RemoteResult<()>> + Send;
     fn rename(
         &self,

@@ -929,6 +929,27 @@ impl Remote for SftpRemote {
         expect_ok("MKDIR", r)
     }
 
+    async fn mkdir_stat(&self, path: &Path, perm: u32) -> RemoteResult<Attrs> {
+        // As in open_stat: the LSTAT queued behind the MKDIR on the same channel sees it.
+        let c = self.inner.conn().await?;
+        let ch = &c.channels[Self::channel_index(&c, c.pick())];
+        let made = ch
+            .send(&Request::Mkdir {
+                path,
+                attrs: perm_attrs(perm),
+            })
+            .await?;
+        let stat = ch.send(&Request::Lstat { path }).await;
+        expect_ok("MKDIR", made.wait().await?)?;
+        match stat {
+            Ok(pending) => match pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)) {
+                Ok(a) => Ok(a),
+                Err(_) => self.lstat(path).await,
+            },
+            Err(_) => self.lstat(path).await,
+        }
+    }
+
     async fn rmdir(&self, path: &Path) -> RemoteResult<()> {
         let r = self.path_request(&Request::Rmdir { path }).await?;
         expect_ok("RMDIR", r)
