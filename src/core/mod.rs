@@ -884,9 +884,10 @@ impl<R: Remote> Fs<R> {
             .collect()
     }
 
-    /// Wait for writes in flight on any handle of `ino` (errors stay latched for flush).
+    /// Wait for writes in flight on any handle of `ino` (errors stay latched for flush). All
+    /// descriptors of a file share one ordered write stream, so one barrier drains them all.
     async fn drain_inode(self: &Arc<Self>, ino: Ino) {
-        for f in self.writers_of(ino) {
+        if let Some(f) = self.writers_of(ino).into_iter().next() {
             if let Err(e) = f.drain(self).await {
                 f.latch(e);
             }
