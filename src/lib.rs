@@ -6,6 +6,7 @@
 //! * [`remote`]: the remote trait and its SFTP, local-directory and fault-injecting
 //!   implementations.
 
+pub mod awcp;
 pub mod control;
 pub mod core;
 pub mod daemon;

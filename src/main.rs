@@ -131,11 +131,50 @@ enum Command {
         /// `man`, `bash`, `zsh` or `fish`
         what: String,
     },
-    /// Show the running mounts: remote, access, quota, lease, connection, traffic
+    /// Show the running mounts (remote, access, quota, lease, traffic) and, when an
+    /// `awcp-mount serve` answers, its delegations (state, mount point, access, quota, expiry)
     Status {
         /// Only this mount
         mountpoint: Option<PathBuf>,
         /// Machine-readable output
+        #[arg(long)]
+        json: bool,
+        /// The executor URL of `awcp-mount serve`
+        #[arg(long, value_name = "URL", default_value = awcp_mount::awcp::client::DEFAULT_EXECUTOR)]
+        executor: String,
+    },
+    /// Run the AWCP executor endpoint (HTTP + SSE, and A2A) on ADDRESS:PORT; the executor URL
+    /// is http://ADDRESS:PORT/awcp
+    Serve {
+        #[arg(long, value_name = "ADDRESS:PORT", default_value = "127.0.0.1:4101")]
+        listen: String,
+        /// Policy file, with its [serve] and [task] tables (default /etc/awcp/policy.toml)
+        #[arg(long = "policy", value_name = "FILE")]
+        policy: Option<PathBuf>,
+    },
+    /// Report a delegation as done (for an agent working in the mount without a [task]
+    /// command): the delegation's workspace is unmounted and the delegator gets `done`
+    Done {
+        /// The delegation id
+        id: String,
+        /// What was done
+        #[arg(long)]
+        summary: String,
+        /// A path worth looking at (repeatable)
+        #[arg(long = "highlight", value_name = "PATH")]
+        highlights: Vec<String>,
+        #[arg(long, value_name = "URL", default_value = awcp_mount::awcp::client::DEFAULT_EXECUTOR)]
+        executor: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Cancel a delegation: its task is stopped, its workspace unmounted, the delegator gets
+    /// `CANCELLED`
+    Cancel {
+        /// The delegation id
+        id: String,
+        #[arg(long, value_name = "URL", default_value = awcp_mount::awcp::client::DEFAULT_EXECUTOR)]
+        executor: String,
         #[arg(long)]
         json: bool,
     },
@@ -185,7 +224,40 @@ fn main() -> ExitCode {
         Some(Command::CheckPolicy { file }) => exit(check_policy(file)),
         Some(Command::Check { mountpoint, policy }) => exit(check_mountpoint(&mountpoint, policy)),
         Some(Command::Downgrade { mountpoint }) => exit(downgrade(&mountpoint)),
-        Some(Command::Status { mountpoint, json }) => exit(status(mountpoint, json)),
+        Some(Command::Status {
+            mountpoint,
+            json,
+            executor,
+        }) => exit(status(mountpoint, json, &executor)),
+        Some(Command::Serve { listen, policy }) => {
+            exit(awcp_mount::awcp::serve::run(&listen, policy))
+        }
+        Some(Command::Done {
+            id,
+            summary,
+            highlights,
+            executor,
+            json,
+        }) => exit(
+            awcp_mount::awcp::client::done(&executor, &id, &summary, &highlights).map(|v| {
+                if json {
+                    println!("{v}");
+                } else {
+                    println!("{id}: done reported; the workspace is being released");
+                }
+            }),
+        ),
+        Some(Command::Cancel { id, executor, json }) => {
+            exit(awcp_mount::awcp::client::cancel(&executor, &id).map(|v| {
+                if json {
+                    println!("{v}");
+                } else if v["cancelled"] == true {
+                    println!("{id}: cancelled");
+                } else {
+                    println!("{id}: had already ended; nothing to cancel");
+                }
+            }))
+        }
         Some(Command::Generate { what }) => exit(generate(&what)),
         None => exit(mount_command(cli)),
     }
@@ -305,8 +377,9 @@ fn downgrade(mountpoint: &std::path::Path) -> Result<(), String> {
     }
 }
 
-fn status(mountpoint: Option<PathBuf>, json: bool) -> Result<(), String> {
-    let all = match mountpoint {
+fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(), String> {
+    let only = mountpoint.is_some();
+    let mut all = match mountpoint {
         Some(mp) => {
             let mp = mp
                 .canonicalize()
@@ -315,6 +388,32 @@ fn status(mountpoint: Option<PathBuf>, json: bool) -> Result<(), String> {
         }
         None => awcp_mount::control::all_status(),
     };
+    // Delegations of a running `serve`, merged with their mounts by mount point.
+    let delegations = if only {
+        Vec::new()
+    } else {
+        awcp_mount::awcp::client::status(executor)
+            .map(|v| v["delegations"].as_array().cloned().unwrap_or_default())
+            .unwrap_or_default()
+    };
+    for d in &delegations {
+        let entry = serde_json::json!({
+            "delegation": d["id"], "state": d["state"], "access_mode": d["accessMode"],
+            "delegation_expires_at": d["expiresAt"], "remote_endpoint": d["remote"],
+        });
+        match all.iter_mut().find(|m| m["mountpoint"] == d["workPath"]) {
+            Some(m) => {
+                for (k, v) in entry.as_object().into_iter().flatten() {
+                    m[k] = v.clone();
+                }
+            }
+            None => {
+                let mut e = entry;
+                e["mountpoint"] = d["workPath"].clone();
+                all.push(e);
+            }
+        }
+    }
     if json {
         println!("{}", serde_json::Value::Array(all));
         return Ok(());
@@ -329,6 +428,18 @@ fn status(mountpoint: Option<PathBuf>, json: bool) -> Result<(), String> {
                 .map_or("unlimited".to_string(), |n| n.to_string())
         };
         println!("{}", m["mountpoint"].as_str().unwrap_or("?"));
+        if let Some(id) = m["delegation"].as_str() {
+            println!(
+                "  delegation  {id} ({}, {}, lease ends {})",
+                m["state"].as_str().unwrap_or("?"),
+                m["access_mode"].as_str().unwrap_or("?"),
+                m["delegation_expires_at"].as_str().unwrap_or("-")
+            );
+        }
+        if m["pid"].is_null() {
+            // A delegation without a live mount (pending, or ended).
+            continue;
+        }
         println!("  remote      {}", m["remote"].as_str().unwrap_or("?"));
         println!("  access      {}", m["access"].as_str().unwrap_or("?"));
         println!("  connection  {}", m["connection"].as_str().unwrap_or("?"));

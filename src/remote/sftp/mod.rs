@@ -672,11 +672,30 @@ impl SftpRemote {
 
     /// For requests that may safely be repeated: retry once on a fresh connection.
     async fn idempotent_request(&self, req: &Request<'_>) -> RemoteResult<Response> {
+        let before = self.inner.current().generation;
         match self.path_request(req).await {
             Err(RemoteError::Disconnected(_)) if self.inner.cfg.reconnect.enabled => {
+                self.await_connection_change(before).await;
                 self.path_request(req).await
             }
             r => r,
+        }
+    }
+
+    /// A request failed because its channel died. The connection may not be declared dead
+    /// yet (the channel noticed first): wait, boundedly, until it is or has been replaced, so
+    /// the retry does not go to the same dying connection.
+    async fn await_connection_change(&self, generation: u64) {
+        let mut rx = self.inner.state.subscribe();
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let c = self.inner.current();
+            if c.generation != generation || c.is_dead() {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+                return;
+            }
         }
     }
 
