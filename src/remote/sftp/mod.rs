@@ -693,7 +693,10 @@ impl SftpRemote {
             if c.generation != generation || c.is_dead() {
                 return;
             }
-            if tokio::time::timeout_at(deadline, rx.changed()).await.is_err() {
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
                 return;
             }
         }
