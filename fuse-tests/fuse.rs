@@ -5,9 +5,9 @@
 //! Needs root, `/dev/fuse`, `fusermount3`, `/usr/sbin/sshd` and `ssh-keygen`. Each test starts
 //! its own sshd (~100 ms) and mounts on its own mount point, so tests run in parallel threads.
 //!
-//! Cross-side visibility: the default attribute/entry TTL is 1 s (as sshfs). Tests that look at
+//! Cross-side visibility: the default attribute/entry TTL is 20 s (as sshfs's own cache). Tests that look at
 //! changes made on the other side mount with [`NO_CACHE`] (all TTLs 0), except
-//! `server_changes_show_after_the_ttl`, which waits out the default TTL on purpose.
+//! `server_changes_show_after_the_ttl`, which mounts with 1 s TTLs and waits them out on purpose.
 //!
 //! Policy: every mount gets `--policy` with its own temporary directory as the mount root
 //! (see `common/mount.rs`), except the AWCP reference command line, which runs verbatim under
@@ -363,8 +363,13 @@ fn data_both_ways() {
 
 #[test]
 fn server_changes_show_after_the_ttl() {
-    // Default options: attr/entry/negative TTL 1 s.
-    let m = TestMount::start(&[]);
+    // TTLs of 1 s (the defaults are longer).
+    let m = TestMount::start(&[
+        "attr_timeout=1",
+        "entry_timeout=1",
+        "negative_timeout=1",
+        "dcache_timeout=1",
+    ]);
     fs::write(m.e("grows"), b"abc").unwrap();
     assert_eq!(fs::metadata(m.p("grows")).unwrap().len(), 3);
     assert_errno(

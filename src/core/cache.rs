@@ -32,12 +32,16 @@ pub struct CacheConfig {
 }
 
 impl Default for CacheConfig {
+    /// Attributes, names and listings live 20 s, as in sshfs's own cache: on a high-latency
+    /// link, a second `git status` or the `stat`s after a `find` then cost nothing. Negative
+    /// answers live 5 s, so a file created on the server shows up soon. The mount's own
+    /// changes are visible at once whatever these are.
     fn default() -> Self {
         CacheConfig {
-            attr_ttl: Duration::from_secs(1),
-            entry_ttl: Duration::from_secs(1),
-            negative_ttl: Duration::from_secs(1),
-            dir_ttl: Duration::from_secs(1),
+            attr_ttl: Duration::from_secs(20),
+            entry_ttl: Duration::from_secs(20),
+            negative_ttl: Duration::from_secs(5),
+            dir_ttl: Duration::from_secs(20),
             max_entries: 65_536,
         }
     }

@@ -544,7 +544,7 @@ mod tests {
         assert_eq!(p.mount_root, root.join("team").canonicalize().unwrap());
         assert_eq!(
             p.cache.attr_ttl,
-            Duration::from_secs(1),
+            CacheConfig::default().attr_ttl,
             "capped at the policy's"
         );
     }
