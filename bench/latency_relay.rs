@@ -13,18 +13,23 @@
 //! is whatever the endpoints manage: only latency is added, order is preserved, and a stream
 //! with one chunk in flight (stop-and-wait) sees exactly one RTT per exchange.
 //!
+//! The wait uses a timerfd per direction rather than `tokio::time`, whose 1 ms granularity
+//! (a deadline is rounded up to the next tick, and the driver sleeps in whole ms) adds
+//! 1-2 ms to every one-way trip: 2.4 ms per round trip at "0 ms", 22.6 at "20 ms".
+//!
 //! Only loopback addresses are accepted for both ends. It prints the listening port on the
 //! first line of stdout (and to `--port-file`), then runs until killed.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, Semaphore};
-use tokio::time::Instant;
 
 /// Largest chunk read at once.
 const CHUNK: usize = 256 * 1024;
@@ -116,8 +121,76 @@ async fn relay(client: TcpStream, server: TcpStream, one_way: Duration) {
     let _ = tokio::join!(up, down);
 }
 
+/// A CLOCK_MONOTONIC timerfd (the clock `Instant` uses), awaited through tokio's reactor.
+struct Timer(AsyncFd<OwnedFd>);
+
+impl Timer {
+    fn new() -> std::io::Result<Timer> {
+        // SAFETY: plain syscall; the returned descriptor is checked and then owned.
+        let fd = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor nothing else owns; the OwnedFd keeps it open (and
+        // the same) for as long as the AsyncFd that owns it lives.
+        let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Timer(unsafe {
+            AsyncFd::register_with_interest(owned, Interest::READABLE)
+        }?))
+    }
+
+    /// Returns at `due` (give or take the scheduler's wake-up latency, tens of µs).
+    async fn sleep_until(&self, due: Instant) -> std::io::Result<()> {
+        let left = due.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(());
+        }
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: left.as_secs() as libc::time_t,
+                tv_nsec: left.subsec_nanos() as libc::c_long,
+            },
+        };
+        let fd = self.0.get_ref().as_raw_fd();
+        // SAFETY: fd is our timerfd; spec is a valid itimerspec; the old value is not asked for.
+        if unsafe { libc::timerfd_settime(fd, 0, &spec, std::ptr::null_mut()) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        loop {
+            let mut guard = self.0.readable().await?;
+            let mut expirations = [0u8; 8];
+            // SAFETY: reads at most 8 bytes into an 8-byte buffer.
+            let n = unsafe { libc::read(fd, expirations.as_mut_ptr().cast(), 8) };
+            if n == 8 {
+                return Ok(());
+            }
+            let err = std::io::Error::last_os_error();
+            if err.kind() != std::io::ErrorKind::WouldBlock {
+                return Err(err);
+            }
+            guard.clear_ready();
+        }
+    }
+}
+
 /// One direction of the delay line: `from` -> queue (stamped) -> `to` at the stamp.
 async fn direction(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, one_way: Duration) {
+    let timer = match Timer::new() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("latency_relay: timerfd: {e}");
+            return;
+        }
+    };
     let budget = Arc::new(Semaphore::new(BUDGET));
     let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
 
@@ -143,8 +216,11 @@ async fn direction(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, one_way: Dur
     });
 
     while let Some((due, data)) = rx.recv().await {
-        tokio::time::sleep_until(due).await;
-        if to.write_all(&data).await.is_err() {
+        let sent = match timer.sleep_until(due).await {
+            Ok(()) => to.write_all(&data).await,
+            Err(e) => Err(e),
+        };
+        if sent.is_err() {
             // The far end is gone: stop reading too.
             budget.close();
             reader.abort();
