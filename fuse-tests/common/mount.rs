@@ -18,7 +18,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::fs;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -42,40 +42,18 @@ const EXIT_DEADLINE: Duration = Duration::from_secs(15);
 
 // ------------------------------------------------------------------ mountinfo
 
-/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &str) -> PathBuf {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') as u32 * 64
-                + (b[i + 2] - b'0') as u32 * 8
-                + (b[i + 3] - b'0') as u32;
-            out.push(v as u8);
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(OsString::from_vec(out))
+/// Everything mounted now (the product's own mountinfo parser).
+fn mounts() -> Vec<awcp_mount::mountinfo::MountEntry> {
+    awcp_mount::mountinfo::current().expect("read /proc/self/mountinfo")
 }
 
 /// Filesystem types mounted at `path` (exactly; bottom of the stack first), from
 /// `/proc/self/mountinfo`. `path` must be canonical.
 pub fn fstypes_at(path: &Path) -> Vec<String> {
-    let text = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let sep = fields.iter().position(|f| *f == "-")?;
-            (fields.len() > sep + 1 && fields.len() > 4 && unescape(fields[4]) == path)
-                .then(|| fields[sep + 1].to_string())
-        })
+    mounts()
+        .into_iter()
+        .filter(|m| m.mount_point == path)
+        .map(|m| m.fstype)
         .collect()
 }
 
@@ -88,25 +66,18 @@ pub fn is_mounted(path: &Path) -> bool {
 /// stack), from `/proc/self/mountinfo`; None when nothing is mounted there. `path` must be
 /// canonical.
 pub fn mount_options_at(path: &Path) -> Option<Vec<String>> {
-    let text = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            (fields.len() > 5 && unescape(fields[4]) == path)
-                .then(|| fields[5].split(',').map(str::to_string).collect())
-        })
-        .next_back()
+    mounts()
+        .into_iter()
+        .rfind(|m| m.mount_point == path)
+        .map(|m| m.options.split(',').map(str::to_string).collect())
 }
 
 /// Mount points at `dir` or below it (canonical `dir`), in mountinfo order.
 pub fn mount_points_under(dir: &Path) -> Vec<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").expect("read /proc/self/mountinfo");
-    text.lines()
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split(' ').collect();
-            let mp = unescape(fields.get(4)?);
-            mp.starts_with(dir).then_some(mp)
-        })
+    mounts()
+        .into_iter()
+        .map(|m| m.mount_point)
+        .filter(|mp| mp.starts_with(dir))
         .collect()
 }
 

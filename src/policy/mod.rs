@@ -356,20 +356,7 @@ impl Policy {
         }
         // Cache lifetimes bound how stale a view may be: a shorter one is always fine, a
         // longer one is capped at the policy's (not an error: sshfs command lines set these).
-        let c = &mut self.cache;
-        for (cli, slot) in [
-            (t.attr_ttl, &mut c.attr_ttl),
-            (t.entry_ttl, &mut c.entry_ttl),
-            (t.negative_ttl, &mut c.negative_ttl),
-            (t.dir_ttl, &mut c.dir_ttl),
-        ] {
-            if let Some(v) = cli {
-                *slot = v.min(*slot);
-            }
-        }
-        if let Some(n) = t.max_entries {
-            c.max_entries = n.min(c.max_entries).max(1);
-        }
+        t.cap_cache(&mut self.cache);
         Ok(())
     }
 }
@@ -392,20 +379,7 @@ impl Policy {
         if let Some(g) = t.grace {
             self.grace = self.grace.min(g);
         }
-        let c = &mut self.cache;
-        for (cli, slot) in [
-            (t.attr_ttl, &mut c.attr_ttl),
-            (t.entry_ttl, &mut c.entry_ttl),
-            (t.negative_ttl, &mut c.negative_ttl),
-            (t.dir_ttl, &mut c.dir_ttl),
-        ] {
-            if let Some(v) = cli {
-                *slot = v.min(*slot);
-            }
-        }
-        if let Some(n) = t.max_entries {
-            c.max_entries = n.min(c.max_entries).max(1);
-        }
+        t.cap_cache(&mut self.cache);
     }
 }
 
@@ -422,6 +396,26 @@ pub struct Tightening {
     pub negative_ttl: Option<Duration>,
     pub dir_ttl: Option<Duration>,
     pub max_entries: Option<usize>,
+}
+
+impl Tightening {
+    /// Cache lifetimes and bounds restated on the command line: the shorter (smaller) of the
+    /// two wins.
+    fn cap_cache(&self, c: &mut CacheConfig) {
+        for (cli, slot) in [
+            (self.attr_ttl, &mut c.attr_ttl),
+            (self.entry_ttl, &mut c.entry_ttl),
+            (self.negative_ttl, &mut c.negative_ttl),
+            (self.dir_ttl, &mut c.dir_ttl),
+        ] {
+            if let Some(v) = cli {
+                *slot = v.min(*slot);
+            }
+        }
+        if let Some(n) = self.max_entries {
+            c.max_entries = n.min(c.max_entries).max(1);
+        }
+    }
 }
 
 impl fmt::Display for Policy {
