@@ -13,12 +13,18 @@ default:
 demo:
     scripts/demo.sh
 
-# Format check, clippy, then every test (unit, integration, FUSE)
+# Format check, clippy, every test (unit, integration, FUSE), then the package test
 test:
     scripts/ensure-deps.sh --fuse
     cargo fmt --check
     cargo clippy --all-targets -- -D warnings
     cargo test --all-targets
+    AWCP_MOUNT_BIN=target/debug/awcp-mount scripts/test-deb.sh
+
+# Debian package: target/debian/awcp-mount_VERSION_ARCH.deb (release build)
+deb:
+    scripts/ensure-deps.sh
+    scripts/deb.sh
 
 # Release build: target/release/awcp-mount
 build:
@@ -36,7 +42,7 @@ fuse-test *args:
     scripts/ensure-deps.sh --fuse
     cargo test --test fuse "$@"
 
-# Benchmarks against sshfs (not written yet: issue 4)
+# awcp-mount and sshfs side by side on one private sshd; writes bench/results/latest.md
 bench:
     scripts/ensure-deps.sh --fuse
     scripts/bench.sh

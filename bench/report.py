@@ -103,6 +103,9 @@ def main():
             txt, med = cell(base)
             nbytes = base[0]["bytes"]
             rate = f", {nbytes / 2**20 / med:.0f} MiB/s" if med and nbytes else ""
+            setup_txt, setup = cell(runs.get((rtt, "ssh_true", "ssh"), []))
+            if med and setup is not None and nbytes and med > setup:
+                rate += f" ({nbytes / 2**20 / (med - setup):.0f} MiB/s without the {setup_txt} s that `ssh ... true` takes)"
             print()
             print(f"Baseline, sequential read over one plain SSH channel (`ssh ... cat big > /dev/null`): "
                   f"{txt} s{rate}.")

@@ -165,18 +165,6 @@ unmount_below() {
     done
 }
 
-stop_pid() {
-    local pid=$1 i
-    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || return 0
-    kill "$pid" 2>/dev/null
-    for ((i = 0; i < 50; i++)); do
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    kill -0 "$pid" 2>/dev/null && kill -9 "$pid" 2>/dev/null
-    wait "$pid" 2>/dev/null || true
-}
-
 cleanup() {
     local rc=$?
     set +e
@@ -201,11 +189,6 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
-
-free_port() {
-    /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
-port_open() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # Remove a directory of the bench's own, refusing if anything is mounted at or below it.
 safe_rm() {
@@ -298,10 +281,20 @@ else
 fi
 [[ -x $bin ]] || die "$bin is missing or not executable"
 [[ -x $relay_bin ]] || die "$relay_bin is missing"
+# What was built, recorded now: HEAD may move while the benchmark runs.
+rev=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
+git -C "$repo" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || rev+=" with uncommitted changes"
+[[ -n ${AWCP_MOUNT_BIN:-} ]] && rev="not built here ($AWCP_MOUNT_BIN)"
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/awcp-bench.XXXXXXXX")
 chmod 0700 "$tmp"
-mkdir "$tmp/ssh" "$tmp/mnt" "$tmp/logs"
+mkdir "$tmp/ssh" "$tmp/mnt" "$tmp/logs" "$tmp/bin"
+# Run private copies, so a rebuild in the shared target directory during the run (other
+# people compile here) cannot change the program halfway through.
+cp "$bin" "$tmp/bin/awcp-mount"
+cp "$relay_bin" "$tmp/bin/latency_relay"
+bin=$tmp/bin/awcp-mount
+relay_bin=$tmp/bin/latency_relay
 export_dir=$tmp/export
 mkdir "$export_dir"
 key=$tmp/ssh/id_ed25519
@@ -311,9 +304,6 @@ runs_csv=$tmp/runs.csv
 echo "rtt_ms,workload,prog,rep,seconds,status,cpu_s,rss_kib,bytes,ops,scale" >"$runs_csv"
 
 header "Keys, sshd config and policy in $tmp"
-ssh-keygen -q -t ed25519 -N '' -C awcp-bench-host -f "$tmp/ssh/host_ed25519"
-ssh-keygen -q -t ed25519 -N '' -C awcp-bench-user -f "$key"
-cp "$key.pub" "$tmp/ssh/authorized_keys"
 cat >"$policy" <<EOF
 # Written by scripts/bench.sh: the default policy with the bench directory as mount root.
 mount_root = "$tmp/mnt"
@@ -357,48 +347,9 @@ for set in $sets; do
 done
 awk -v a="$start_prep" -v b="$EPOCHREALTIME" 'BEGIN { printf "    prepared in %.0f s\n", b - a }'
 
-# sshd on a free loopback port; it might lose a race for the port, so try a few.
-for attempt in 1 2 3; do
-    sshd_port=$(free_port)
-    cat >"$tmp/ssh/sshd_config" <<EOF
-Port $sshd_port
-ListenAddress 127.0.0.1
-HostKey $tmp/ssh/host_ed25519
-PidFile $tmp/ssh/sshd.pid
-AuthorizedKeysFile $tmp/ssh/authorized_keys
-AllowUsers $user
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-PermitRootLogin yes
-X11Forwarding no
-AllowTcpForwarding no
-MaxStartups 100
-Subsystem sftp internal-sftp
-LogLevel ERROR
-EOF
-    header "Starting a private sshd on 127.0.0.1:$sshd_port"
-    /usr/sbin/sshd -D -e -f "$tmp/ssh/sshd_config" >"$tmp/ssh/sshd.log" 2>&1 &
-    sshd_pid=$!
-    for ((i = 0; i < 100; i++)); do
-        port_open "$sshd_port" && break
-        kill -0 "$sshd_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$sshd_pid" 2>/dev/null && port_open "$sshd_port"; then
-        echo "    sshd is running as PID $sshd_pid"
-        break
-    fi
-    warn "sshd did not come up on port $sshd_port (attempt $attempt of 3)"
-    sed 's/^/    /' "$tmp/ssh/sshd.log" >&2
-    stop_pid "$sshd_pid"
-    sshd_pid=""
-done
-[[ -n $sshd_pid ]] || die "could not start sshd"
+# sshd on a free loopback port (keys and known_hosts in $tmp/ssh); many connections at once.
+start_private_sshd "$tmp/ssh" "MaxStartups 100"
 host_key=$(cut -d' ' -f1,2 "$tmp/ssh/host_ed25519.pub")
-printf '[127.0.0.1]:%s %s\n' "$sshd_port" "$host_key" >"$known_hosts"
 
 # Started relay for the current RTT (empty at RTT 0).
 port=""
@@ -567,14 +518,16 @@ measure() {
     m_cpu=$(awk -v a="$c0" -v b="$c1" -v t="$clk_tck" 'BEGIN { printf "%.2f", (b - a) / t }')
 }
 
-# Baseline: the big file over one plain SSH channel (OpenSSH client, same key and port).
-measure_ssh_cat() {
-    local t0 t1 rc=0
+# Baseline: the big file over one plain SSH channel (OpenSSH client, same key and port),
+# and `ssh host true` alone: the connection setup included in that time.
+measure_ssh() {
+    local remote_cmd=$1 t0 t1 rc=0
     drop_caches
     t0=$EPOCHREALTIME
+    # shellcheck disable=SC2029 # $remote_cmd is meant to expand here
     timeout -k 10 "$run_timeout" ssh -F /dev/null -p "$port" -i "$key" -o IdentitiesOnly=yes \
         -o UserKnownHostsFile="$known_hosts" -o StrictHostKeyChecking=yes -o BatchMode=yes \
-        "$user@127.0.0.1" cat "$export_dir/big" >/dev/null 2>"$tmp/logs/ssh_cat.log" || rc=$?
+        "$user@127.0.0.1" "$remote_cmd" >/dev/null 2>"$tmp/logs/ssh.log" || rc=$?
     t1=$EPOCHREALTIME
     m_secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
     case $rc in
@@ -612,10 +565,13 @@ for rtt in $rtts; do
 
     for ((rep = 1; rep <= nreps; rep++)); do
         n=$((n + 1))
-        measure_ssh_cat
+        measure_ssh true
+        echo "$rtt,ssh_true,ssh,$rep,$m_secs,$m_status,,,,," >>"$runs_csv"
+        setup=$m_secs
+        measure_ssh "cat $export_dir/big"
         echo "$rtt,ssh_cat,ssh,$rep,$m_secs,$m_status,,,$((big_mib * 1024 * 1024)),,$big_mib MiB" >>"$runs_csv"
-        printf '  [%3d/%d] %-16s %-5s rep %d/%d: %8.2f s %s\n' "$n" "$total" ssh_cat ssh "$rep" "$nreps" "$m_secs" \
-            "$([[ $m_status == ok ]] || echo "$m_status")"
+        printf '  [%3d/%d] %-16s %-5s rep %d/%d: %8.2f s (ssh host true: %.2f s) %s\n' "$n" "$total" ssh_cat ssh \
+            "$rep" "$nreps" "$m_secs" "$setup" "$([[ $m_status == ok ]] || echo "$m_status")"
     done
 
     for wl in $workloads; do
@@ -646,8 +602,6 @@ elapsed=$(awk -v a="$bench_start" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", 
 
 mem_gib=$(awk '/^MemTotal:/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)
 cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
-rev=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
-git -C "$repo" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || rev+=" (with uncommitted changes)"
 {
     echo "# awcp-mount vs sshfs: benchmark results"
     echo
@@ -656,7 +610,7 @@ git -C "$repo" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || rev
     echo
     echo "- command: \`$cmd\` (just runs scripts/bench.sh)"
     echo "- machine: $(nproc) CPUs ($cpu_model), ${mem_gib} GiB RAM, kernel $(uname -r)"
-    echo "- awcp-mount: $("$bin" --version 2>&1 | head -n1), commit $rev, release build"
+    echo "- awcp-mount: $("$bin" --version 2>&1 | head -n1), release build of $rev (copied at the start of the run)"
     echo "- sshfs: $(sshfs --version 2>&1 | sed -n 's/^SSHFS version //p' | head -n1), $(sshfs --version 2>&1 | sed -n 's/^FUSE library version /libfuse /p' | head -n1); $(ssh -V 2>&1)"
     echo "- server: private OpenSSH sshd on 127.0.0.1, internal-sftp; both programs connect straight to it at RTT 0, through bench/latency_relay.rs otherwise"
     echo "- mount options (both): \`-o $common_opts\` + IdentityFile, UserKnownHostsFile, port; awcp-mount also \`--policy\` (default policy, mount_root = the bench directory)"

@@ -59,10 +59,7 @@ cleanup() {
         fi
     fi
 
-    if [[ -n $sshd_pid ]] && kill -0 "$sshd_pid" 2>/dev/null; then
-        kill "$sshd_pid" 2>/dev/null
-        wait "$sshd_pid" 2>/dev/null
-    fi
+    stop_pid "$sshd_pid"
 
     if [[ -n $tmp && -d $tmp ]]; then
         if has_mount_at_or_below "$tmp"; then
@@ -89,27 +86,6 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
-free_port() {
-    local p i
-    if p=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])' 2>/dev/null) &&
-        [[ $p =~ ^[0-9]+$ ]]; then
-        echo "$p"
-        return
-    fi
-    # No python3: probe random high ports until one refuses a connection.
-    for ((i = 0; i < 100; i++)); do
-        p=$((20000 + RANDOM % 40000))
-        if ! (: <"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-            echo "$p"
-            return
-        fi
-    done
-    die "could not find a free TCP port on 127.0.0.1"
-}
-
-# Succeeds once something accepts connections on 127.0.0.1:$1.
-port_open() { (: <"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-
 "$repo/scripts/ensure-deps.sh" --fuse
 
 if [[ -z ${AWCP_MOUNT_BIN:-} ]]; then
@@ -122,10 +98,6 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/awcp-demo.XXXXXXXX")
 chmod 0700 "$tmp"
 mkdir "$tmp/ssh"
 
-header "Creating a throwaway host key, user key and known_hosts in $tmp/ssh"
-ssh-keygen -q -t ed25519 -N '' -C awcp-demo-host -f "$tmp/ssh/host_ed25519"
-ssh-keygen -q -t ed25519 -N '' -C awcp-demo-user -f "$tmp/ssh/id_ed25519"
-cp "$tmp/ssh/id_ed25519.pub" "$tmp/ssh/authorized_keys"
 key=$tmp/ssh/id_ed25519
 known_hosts=$tmp/ssh/known_hosts
 
@@ -158,52 +130,10 @@ if command -v git >/dev/null 2>&1; then
 fi
 (cd "$export_dir" && find . -name .git -prune -o -type f -print | sort | sed 's|^\./|    |')
 
-# sshd reads the config, keys and authorized_keys from absolute paths; it
-# might lose a race for the port with some other program, so try a few ports.
-permit_root=""
-[[ $(id -u) -eq 0 ]] && permit_root="PermitRootLogin yes"
-for attempt in 1 2 3; do
-    port=$(free_port)
-    cat >"$tmp/ssh/sshd_config" <<EOF
-Port $port
-ListenAddress 127.0.0.1
-HostKey $tmp/ssh/host_ed25519
-PidFile $tmp/ssh/sshd.pid
-AuthorizedKeysFile $tmp/ssh/authorized_keys
-AllowUsers $user
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-$permit_root
-X11Forwarding no
-AllowTcpForwarding no
-Subsystem sftp internal-sftp
-LogLevel ERROR
-EOF
-    header "Starting a private sshd on 127.0.0.1:$port"
-    /usr/sbin/sshd -D -e -f "$tmp/ssh/sshd_config" >"$tmp/ssh/sshd.log" 2>&1 &
-    sshd_pid=$!
-    for ((i = 0; i < 100; i++)); do
-        port_open "$port" && break
-        kill -0 "$sshd_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if kill -0 "$sshd_pid" 2>/dev/null && port_open "$port"; then
-        echo "    sshd is running as PID $sshd_pid"
-        break
-    fi
-    warn "sshd did not come up on port $port (attempt $attempt of 3); its log:"
-    sed 's/^/    /' "$tmp/ssh/sshd.log" >&2
-    kill "$sshd_pid" 2>/dev/null || true
-    wait "$sshd_pid" 2>/dev/null || true
-    sshd_pid=""
-done
-[[ -n $sshd_pid ]] || die "could not start sshd"
-
-# For a port other than 22 a known_hosts line reads "[host]:port keytype key".
-printf '[127.0.0.1]:%s %s\n' "$port" "$(cut -d' ' -f1,2 "$tmp/ssh/host_ed25519.pub")" >"$known_hosts"
+header "Creating a throwaway host key, user key and known_hosts in $tmp/ssh"
+# Its own sshd on a free port of 127.0.0.1: nothing else on the machine is touched.
+start_private_sshd "$tmp/ssh"
+port=$sshd_port
 
 header "Preparing the mount point under $mount_root"
 if [[ ! -d $mount_root ]]; then
@@ -272,8 +202,7 @@ rmdir -- "$mnt"
 mnt=""
 
 header "Stopping sshd (PID $sshd_pid) and removing $tmp"
-kill "$sshd_pid"
-wait "$sshd_pid" 2>/dev/null || true
+stop_pid "$sshd_pid"
 sshd_pid=""
 # The EXIT trap removes $tmp after checking nothing is mounted below it.
 

@@ -2,11 +2,13 @@
 # Make sure the system tools every `just` recipe relies on are present.
 #
 #   scripts/ensure-deps.sh          packages, sshd's run dir, cargo, rustfmt, clippy
-#   scripts/ensure-deps.sh --fuse   the same, and also require /dev/fuse
+#   scripts/ensure-deps.sh --fuse   the same, and also require /dev/fuse (and the
+#                                   package test's systemd-analyze and mount)
 #
 # Debian packages: fuse3 (fusermount3), openssh-server (sshd, for the demo and
 # the integration tests' private loopback server), openssh-client (ssh-keygen),
-# sshfs (the reference the tests compare against).
+# sshfs (the reference the tests compare against); with --fuse also systemd
+# (systemd-analyze, for the package test) and mount.
 #
 # As root, missing packages are installed with apt-get (`apt-get update` runs
 # only when something is missing). Otherwise the exact command to run is
@@ -32,6 +34,12 @@ have sshd || missing+=(openssh-server)
 { have ssh-keygen && have ssh; } || missing+=(openssh-client)
 have fusermount3 || missing+=(fuse3)
 have sshfs || missing+=(sshfs)
+# The package test (`just test`) checks the systemd units with systemd-analyze verify and
+# mounts through mount(8).
+if ((need_fuse)); then
+    have systemd-analyze || missing+=(systemd)
+    have mount || missing+=(mount)
+fi
 
 is_root=0
 [[ $(id -u) -eq 0 ]] && is_root=1
