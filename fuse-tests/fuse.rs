@@ -377,10 +377,16 @@ fn server_changes_show_after_the_ttl() {
         libc::ENOENT,
         "stat before creation",
     );
+    // A listing is cached too (opendir is answered from it until it expires).
+    assert!(!names(&m.p("")).contains(&OsString::from("later")));
     fs::write(m.e("grows"), b"abcdefghij").unwrap();
     fs::write(m.e("later"), b"now here").unwrap();
     // The TTL is what is tested here: wait it out.
     std::thread::sleep(Duration::from_millis(1300));
+    assert!(
+        names(&m.p("")).contains(&OsString::from("later")),
+        "listing after the TTL"
+    );
     assert_eq!(fs::metadata(m.p("grows")).unwrap().len(), 10);
     assert_eq!(fs::read(m.p("grows")).unwrap(), b"abcdefghij");
     assert_eq!(fs::read(m.p("later")).unwrap(), b"now here");
@@ -392,6 +398,44 @@ fn server_changes_show_after_the_ttl() {
         fs::metadata(m.p("later")),
         libc::ENOENT,
         "stat after unlink",
+    );
+}
+
+/// rewinddir(3) shows the directory as it is now, even within the listing cache lifetime
+/// (default TTLs here): the kernel reads the same handle from offset 0 again.
+#[test]
+fn rewinddir_lists_afresh() {
+    let m = TestMount::start(&[]);
+    fs::write(m.e("before"), b"").unwrap();
+    let dir = cpath(&m.p(""));
+    let read_all = |d: *mut libc::DIR| -> Vec<OsString> {
+        let mut out = Vec::new();
+        loop {
+            // SAFETY: d is an open DIR*; the entry is copied out before the next call.
+            let ent = unsafe { libc::readdir(d) };
+            if ent.is_null() {
+                break;
+            }
+            let name = unsafe { std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()) };
+            out.push(OsString::from_vec(name.to_bytes().to_vec()));
+        }
+        out.sort();
+        out
+    };
+    // SAFETY: plain libc directory stream calls on a valid path; closed below.
+    let d = unsafe { libc::opendir(dir.as_ptr()) };
+    assert!(!d.is_null(), "opendir: {}", io::Error::last_os_error());
+    let first = read_all(d);
+    fs::write(m.e("after"), b"").unwrap();
+    fs::remove_file(m.e("before")).unwrap();
+    unsafe { libc::rewinddir(d) };
+    let again = read_all(d);
+    unsafe { libc::closedir(d) };
+    assert_eq!(first, [".", "..", "before"].map(OsString::from));
+    assert_eq!(
+        again,
+        [".", "..", "after"].map(OsString::from),
+        "after rewinddir"
     );
 }
 

@@ -426,30 +426,33 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
 
     fn readdir(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        // Served from the listing taken at opendir: no network, so no task needed.
-        match self.fs.readdir(fh.0, offset) {
-            Ok(items) => {
-                for item in items {
-                    let entry_ino = self.fs.peek_ino(ino.0, &item.name);
-                    if reply.add(
-                        INodeNo(entry_ino),
-                        item.next_offset,
-                        file_type(item.kind),
-                        &item.name,
-                    ) {
-                        break;
+        // Usually served from the listing taken at opendir, but a rewind lists again.
+        let fs = self.fs.clone();
+        self.spawn("readdir", req, async move {
+            match fs.readdir(fh.0, offset).await {
+                Ok(items) => {
+                    for item in items {
+                        let entry_ino = fs.peek_ino(ino.0, &item.name);
+                        if reply.add(
+                            INodeNo(entry_ino),
+                            item.next_offset,
+                            file_type(item.kind),
+                            &item.name,
+                        ) {
+                            break;
+                        }
                     }
+                    reply.ok();
                 }
-                reply.ok();
+                Err(e) => reply.error(errno(&e)),
             }
-            Err(e) => reply.error(errno(&e)),
-        }
+        });
     }
 
     fn readdirplus(
@@ -462,7 +465,7 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     ) {
         let fs = self.fs.clone();
         self.spawn("readdirplus", req, async move {
-            let items = match fs.readdir(fh.0, offset) {
+            let items = match fs.readdir(fh.0, offset).await {
                 Ok(items) => items,
                 Err(e) => return reply.error(errno(&e)),
             };

@@ -150,9 +150,17 @@ pub struct Stats {
     pub remote_errors: AtomicU64,
 }
 
+/// How many subdirectory listings may be prefetched (queued or in flight) at once, for the
+/// whole mount. Past that, subdirectories are listed when they are opened, as before.
+const MAX_DIR_PREFETCHES: usize = 32;
+
 struct DirHandle {
     ino: Ino,
-    items: Vec<DirItem>,
+    /// The listing handed out; replaced by a fresh one when the directory is rewound.
+    items: Mutex<Arc<Vec<DirItem>>>,
+    /// Whether readdir has been called on this handle: a later read from offset 0 is a
+    /// rewinddir(3), which must show the directory as it is now.
+    started: AtomicBool,
 }
 
 pub struct Fs<R: Remote> {
@@ -182,6 +190,8 @@ pub struct Fs<R: Remote> {
     lookup_misses: Mutex<lru::LruCache<Ino, (u32, std::time::Instant)>>,
     #[allow(clippy::type_complexity)]
     listings_in_flight: Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<Arc<Vec<DirEntry>>>>>>>,
+    /// Bounds the subdirectory listings prefetched in the background (see `prefetch_dir`).
+    dir_prefetches: Arc<tokio::sync::Semaphore>,
     pub stats: Stats,
 }
 
@@ -234,6 +244,31 @@ fn manifest_resource_names(text: &[u8]) -> Vec<OsString> {
     out
 }
 
+/// The entries readdir hands out for `listing`: ".", "..", then the listing, each with the
+/// offset of the next one.
+fn dir_items(listing: &[DirEntry], listed_at: u64) -> Vec<DirItem> {
+    let dot = |name: &str, next_offset| DirItem {
+        name: name.into(),
+        kind: FileKind::Dir,
+        next_offset,
+        attrs: None,
+        nlink: None,
+        listed_at,
+    };
+    let mut items = Vec::with_capacity(listing.len() + 2);
+    items.push(dot(".", 1));
+    items.push(dot("..", 2));
+    items.extend(listing.iter().enumerate().map(|(i, e)| DirItem {
+        name: e.name.clone(),
+        kind: e.attrs.file_type(),
+        next_offset: i as u64 + 3,
+        attrs: Some(e.attrs),
+        nlink: e.nlink,
+        listed_at,
+    }));
+    items
+}
+
 /// Names a hostile server might send in a listing that must never reach the kernel.
 fn is_valid_listing_name(name: &OsStr) -> bool {
     check_name(name).is_ok() && name != "." && name != ".."
@@ -268,6 +303,7 @@ impl<R: Remote> Fs<R> {
                 std::num::NonZeroUsize::new(1024).expect("non-zero"),
             )),
             listings_in_flight: Mutex::new(HashMap::new()),
+            dir_prefetches: Arc::new(tokio::sync::Semaphore::new(MAX_DIR_PREFETCHES)),
             stats: Stats::default(),
         }
     }
@@ -1644,45 +1680,40 @@ impl<R: Remote> Fs<R> {
 
     // ---------------------------------------------------------------- directories
 
+    /// Open a directory: its listing is taken now, or answered from a listing of it no older
+    /// than the directory cache lifetime (`dir_ttl`, as sshfs's `dcache_timeout`), which the
+    /// mount's own changes keep up to date. A listing another request is fetching (a prefetch,
+    /// lookups) is waited for rather than asked for again.
     pub async fn opendir(&self, ino: Ino) -> FsResult<u64> {
         let path = self.path_of(ino)?;
         if ino == ROOT_INO {
             // Learn (once) whether this is an AWCP export, before its entries are shown.
             self.is_resource_name(OsStr::new("")).await;
         }
-        let (listing, since) = self.list_dir(ino, &path).await?;
-        let mut items = Vec::with_capacity(listing.len() + 2);
-        items.push(DirItem {
-            name: ".".into(),
-            kind: FileKind::Dir,
-            next_offset: 1,
-            attrs: None,
-            nlink: None,
-            listed_at: since,
-        });
-        items.push(DirItem {
-            name: "..".into(),
-            kind: FileKind::Dir,
-            next_offset: 2,
-            attrs: None,
-            nlink: None,
-            listed_at: since,
-        });
-        for (i, e) in listing.iter().enumerate() {
-            items.push(DirItem {
-                name: e.name.clone(),
-                kind: e.attrs.file_type(),
-                next_offset: i as u64 + 3,
-                attrs: Some(e.attrs),
-                nlink: e.nlink,
-                listed_at: since,
-            });
-        }
+        let cached = {
+            let mut cache = self.cache.lock().unwrap();
+            cache.get_dir(ino).map(|l| (l, cache.now()))
+        };
+        let (listing, since) = match cached {
+            Some(hit) => hit,
+            None => {
+                let since = self.cache.lock().unwrap().now();
+                match self.list_dir_shared(ino).await {
+                    Some(l) => (l, since),
+                    // Failed: list again on our own, for the error and its explanation.
+                    None => self.list_dir(ino, &path).await?,
+                }
+            }
+        };
         let fh = self.alloc_fh();
-        self.dirs
-            .lock()
-            .unwrap()
-            .insert(fh, Arc::new(DirHandle { ino, items }));
+        self.dirs.lock().unwrap().insert(
+            fh,
+            Arc::new(DirHandle {
+                ino,
+                items: Mutex::new(Arc::new(dir_items(&listing, since))),
+                started: AtomicBool::new(false),
+            }),
+        );
         Ok(fh)
     }
 
@@ -1704,22 +1735,22 @@ impl<R: Remote> Fs<R> {
                 ok
             })
             .collect();
-        {
-            // Entries changed through the mount while the listing was on its way may show
-            // attributes from before the change: mark those unknown (see listing_update).
-            let inodes = self.inodes.lock().unwrap();
-            let cache = self.cache.lock().unwrap();
-            for e in listing.iter_mut() {
-                if inodes
-                    .child(ino, &e.name)
-                    .is_some_and(|child| cache.changed_since(child, since))
-                {
-                    e.attrs.size = None;
-                }
+        // Entries changed through the mount while the listing was on its way may show
+        // attributes from before the change: mark those unknown (see listing_update). The
+        // check and the caching happen under one lock, so a change that completes in between
+        // cannot update an older cached listing and leave this stale one behind it.
+        let inodes = self.inodes.lock().unwrap();
+        let mut cache = self.cache.lock().unwrap();
+        for e in listing.iter_mut() {
+            if inodes
+                .child(ino, &e.name)
+                .is_some_and(|child| cache.changed_since(child, since))
+            {
+                e.attrs.size = None;
             }
         }
         let listing = Arc::new(listing);
-        self.cache.lock().unwrap().put_dir(ino, listing.clone());
+        cache.put_dir(ino, listing.clone());
         Ok((listing, since))
     }
 
@@ -1760,8 +1791,9 @@ impl<R: Remote> Fs<R> {
         listing
     }
 
-    /// Entries of an open directory from `offset` on (the kernel's cookie).
-    pub fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<DirItem>> {
+    /// Entries of an open directory from `offset` on (the kernel's cookie). Reading from
+    /// offset 0 again is rewinddir(3): the directory is listed afresh from the server.
+    pub async fn readdir(&self, fh: u64, offset: u64) -> FsResult<Vec<DirItem>> {
         let dir = self
             .dirs
             .lock()
@@ -1769,7 +1801,35 @@ impl<R: Remote> Fs<R> {
             .get(&fh)
             .cloned()
             .ok_or_else(|| FsError::new(libc::EBADF, format!("no open directory {fh}")))?;
-        Ok(dir.items.iter().skip(offset as usize).cloned().collect())
+        if dir.started.swap(true, Ordering::Relaxed) && offset == 0 {
+            let path = self.path_of(dir.ino)?;
+            let (listing, since) = self.list_dir(dir.ino, &path).await?;
+            *dir.items.lock().unwrap() = Arc::new(dir_items(&listing, since));
+        }
+        let items = dir.items.lock().unwrap().clone();
+        Ok(items.iter().skip(offset as usize).cloned().collect())
+    }
+
+    /// List subdirectory `ino` in the background, so that when a tool walking the tree
+    /// (`find`, `ls -R`, `grep -r`, `git status`, `rm -rf`) opens it, the listing is already
+    /// cached: a walk then costs about one round trip per level instead of two per directory.
+    /// Called for each subdirectory a readdirplus hands to the kernel; bounded mount-wide, and
+    /// skipped when listings are not cached or one is cached or being fetched already.
+    fn prefetch_dir(self: &Arc<Self>, ino: Ino) {
+        if self.cache_config().dir_ttl.is_zero()
+            || self.listings_in_flight.lock().unwrap().contains_key(&ino)
+            || self.cache.lock().unwrap().get_dir(ino).is_some()
+        {
+            return;
+        }
+        let Ok(permit) = self.dir_prefetches.clone().try_acquire_owned() else {
+            return;
+        };
+        let fs = self.clone();
+        self.rt.spawn(async move {
+            let _permit = permit;
+            fs.list_dir_shared(ino).await;
+        });
     }
 
     /// The inode number to show for a readdir entry: the one the kernel knows, or a stable
@@ -1787,17 +1847,26 @@ impl<R: Remote> Fs<R> {
 
     /// readdirplus: the kernel takes a lookup reference for each entry it is given. With
     /// `follow_symlinks` a link's target is stat'ed, so `ls -l` agrees with `stat`.
-    pub async fn readdirplus_entry(&self, parent: Ino, item: &DirItem) -> FsResult<Entry> {
+    pub async fn readdirplus_entry(
+        self: &Arc<Self>,
+        parent: Ino,
+        item: &DirItem,
+    ) -> FsResult<Entry> {
         let attrs = item
             .attrs
             .ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
         let follow = self.config.lock().unwrap().follow_symlinks;
         let is_link = attrs.file_type() == FileKind::Symlink;
         let resource = is_link && parent == ROOT_INO && self.is_resource_name(&item.name).await;
-        if attrs.size.is_none() || (follow && is_link) || resource {
-            return self.lookup(parent, &item.name).await;
+        let entry = if attrs.size.is_none() || (follow && is_link) || resource {
+            self.lookup(parent, &item.name).await?
+        } else {
+            self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at))
+        };
+        if entry.attr.kind == FileKind::Dir {
+            self.prefetch_dir(entry.attr.ino);
         }
-        Ok(self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at)))
+        Ok(entry)
     }
 
     pub fn releasedir(&self, fh: u64) {

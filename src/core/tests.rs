@@ -595,10 +595,17 @@ async fn errno_component_that_is_a_file_is_enotdir() {
 }
 
 /// The directory itself was replaced by a file: listing it is ENOTDIR, like opendir(3) on a
-/// file.
+/// file. (Without the listing cache: with it, a change on the server shows once the cached
+/// listing expires, see `cache_listing_answers_lookups_then_expires`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errno_opendir_of_dir_replaced_by_file_is_enotdir() {
-    let h = Harness::new();
+    let h = Harness::with(
+        config(CacheConfig {
+            dir_ttl: Duration::ZERO,
+            ..long_ttls()
+        }),
+        None,
+    );
     let d = h.mkdir(ROOT, "d").await;
     std::fs::remove_dir(h.disk("d")).unwrap();
     std::fs::write(h.disk("d"), b"now a file").unwrap();
@@ -1482,7 +1489,7 @@ async fn follow_symlinks_shows_targets() {
     for listed in [false, true] {
         if listed {
             let dh = h.fs.opendir(ROOT).await.unwrap();
-            for item in h.fs.readdir(dh, 0).unwrap() {
+            for item in h.fs.readdir(dh, 0).await.unwrap() {
                 if item.name == "l" {
                     let e = h.fs.readdirplus_entry(ROOT, &item).await.unwrap();
                     assert_eq!(
@@ -1505,7 +1512,7 @@ async fn follow_symlinks_shows_targets() {
             FileKind::File
         );
         let dh = h.fs.opendir(ld.ino).await.unwrap();
-        assert_eq!(h.fs.readdir(dh, 0).unwrap().len(), 3);
+        assert_eq!(h.fs.readdir(dh, 0).await.unwrap().len(), 3);
         h.fs.releasedir(dh);
     }
 }
@@ -1561,7 +1568,7 @@ async fn readdir_lists_everything_with_kinds_and_resumable_offsets() {
     }
     let dh = h.fs.opendir(ROOT).await.unwrap();
     assert_eq!(h.fs.dir_ino(dh), Some(ROOT));
-    let all = h.fs.readdir(dh, 0).unwrap();
+    let all = h.fs.readdir(dh, 0).await.unwrap();
     assert_eq!(all.len(), 2 + 4 + 50);
     assert_eq!(all[0].name, ".");
     assert_eq!(all[1].name, "..");
@@ -1580,20 +1587,24 @@ async fn readdir_lists_everything_with_kinds_and_resumable_offsets() {
     assert_eq!(names.len(), 54, "duplicates in the listing");
     // Resuming at every cookie gives exactly the rest.
     for k in 0..=all.len() {
-        let rest = h.fs.readdir(dh, k as u64).unwrap();
+        let rest = h.fs.readdir(dh, k as u64).await.unwrap();
         let want: Vec<&OsString> = all[k..].iter().map(|i| &i.name).collect();
         let got: Vec<&OsString> = rest.iter().map(|i| &i.name).collect();
         assert_eq!(got, want, "resume at {k}");
     }
     // The kernel resumes at the last next_offset it accepted.
     let third = all[3].next_offset;
-    assert_eq!(h.fs.readdir(dh, third).unwrap()[0].name, all[4].name);
-    assert!(h.fs.readdir(dh, 1_000).unwrap().is_empty());
+    assert_eq!(h.fs.readdir(dh, third).await.unwrap()[0].name, all[4].name);
+    assert!(h.fs.readdir(dh, 1_000).await.unwrap().is_empty());
     // Plain readdir creates no inodes.
     assert_eq!(h.fs.inode_count(), 1);
     assert_eq!(h.fs.peek_ino(ROOT, os(".")), ROOT);
     h.fs.releasedir(dh);
-    assert_errno(h.fs.readdir(dh, 0), libc::EBADF, "readdir after releasedir");
+    assert_errno(
+        h.fs.readdir(dh, 0).await,
+        libc::EBADF,
+        "readdir after releasedir",
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1602,7 +1613,7 @@ async fn readdir_non_utf8_names_are_byte_exact() {
     let on_server = OsStr::from_bytes(b"caf\xe9-\xff\xfe.txt");
     std::fs::write(h.disk(on_server), b"latin1").unwrap();
     let dh = h.fs.opendir(ROOT).await.unwrap();
-    let items = h.fs.readdir(dh, 0).unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
     h.fs.releasedir(dh);
     let names: Vec<&OsStr> = items.iter().map(|i| i.name.as_os_str()).collect();
     assert!(
@@ -1640,7 +1651,7 @@ async fn readdirplus_entries_and_forget_bookkeeping() {
     std::os::unix::fs::symlink("a", h.disk("d")).unwrap();
     let baseline = h.fs.inode_count();
     let dh = h.fs.opendir(ROOT).await.unwrap();
-    let items = h.fs.readdir(dh, 0).unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
     h.plan.reset_counts();
     let mut taken = Vec::new();
     // Two passes (e.g. two `ls -l`): the same inodes, counted twice.
@@ -1665,10 +1676,17 @@ async fn readdirplus_entries_and_forget_bookkeeping() {
             taken.push(e.attr.ino);
         }
     }
+    // Nothing but the background listing of the subdirectory "c" (see prefetch tests).
     assert_eq!(
-        h.plan.total_calls(),
+        h.plan.total_calls() - h.plan.calls(ROp::ReadDir),
         0,
-        "readdirplus entries reached the server"
+        "readdirplus entries reached the server: {:?}",
+        h.plan.call_counts()
+    );
+    assert!(
+        h.plan.calls(ROp::ReadDir) <= 1,
+        "{:?}",
+        h.plan.call_counts()
     );
     assert_eq!(h.fs.inode_count(), baseline + 4);
     // lookup of a listed name agrees.
@@ -1687,7 +1705,7 @@ async fn readdirplus_entries_and_forget_bookkeeping() {
     h.fs.releasedir(dh);
     // Forgetting in one batch works as well.
     let dh = h.fs.opendir(ROOT).await.unwrap();
-    let items = h.fs.readdir(dh, 0).unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
     h.fs.releasedir(dh);
     let b = items.iter().find(|i| i.name == "b").unwrap();
     let ino = h.fs.readdirplus_entry(ROOT, b).await.unwrap().attr.ino;
@@ -1695,6 +1713,141 @@ async fn readdirplus_entries_and_forget_bookkeeping() {
     assert_eq!(h.lookup(ROOT, "b").await, ino);
     h.fs.forget(ino, 3);
     assert_eq!(h.fs.inode_count(), baseline);
+}
+
+/// Wait (bounded) until `cond` holds; background work (prefetches) is not awaited by anyone.
+async fn eventually(what: &str, cond: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// A directory opened again within the listing lifetime is answered from the cached listing,
+/// which the mount's own changes keep current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdir_opendir_within_the_listing_lifetime_needs_no_round_trip() {
+    let h = Harness::with(config(long_ttls()), None);
+    std::fs::write(h.disk("a"), b"1").unwrap();
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    h.fs.releasedir(dh);
+    let (_, fh) = h.create(ROOT, "made-here").await;
+    h.fs.release(fh).await.unwrap();
+    h.fs.unlink(ROOT, os("a")).await.unwrap();
+    h.plan.reset_counts();
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let names: Vec<OsString> =
+        h.fs.readdir(dh, 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+    h.fs.releasedir(dh);
+    assert_eq!(
+        h.plan.call_counts(),
+        std::collections::HashMap::new(),
+        "opendir reached the server"
+    );
+    assert_eq!(names, [os("."), os(".."), os("made-here")]);
+}
+
+/// readdirplus of a directory lists its subdirectories in the background, so opening them
+/// next (a tree walk) needs no round trip; with the listing cache off nothing is prefetched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdir_subdirectories_are_listed_ahead_of_a_walk() {
+    for cached in [true, false] {
+        let ttls = if cached {
+            long_ttls()
+        } else {
+            CacheConfig {
+                dir_ttl: Duration::ZERO,
+                ..long_ttls()
+            }
+        };
+        let h = Harness::with(config(ttls), None);
+        for d in ["s1", "s2", "s3"] {
+            std::fs::create_dir(h.disk(d)).unwrap();
+            std::fs::write(h.disk(format!("{d}/inner")), d).unwrap();
+        }
+        std::fs::write(h.disk("file"), b"x").unwrap();
+        let dh = h.fs.opendir(ROOT).await.unwrap();
+        h.plan.reset_counts();
+        let mut subdirs = Vec::new();
+        for item in
+            h.fs.readdir(dh, 0)
+                .await
+                .unwrap()
+                .iter()
+                .filter(|i| i.attrs.is_some())
+        {
+            let e = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
+            if e.attr.kind == FileKind::Dir {
+                subdirs.push(e.attr.ino);
+            }
+        }
+        h.fs.releasedir(dh);
+        assert_eq!(subdirs.len(), 3);
+        if !cached {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert_eq!(
+                h.plan.calls(ROp::ReadDir),
+                0,
+                "prefetched without a listing cache"
+            );
+            continue;
+        }
+        eventually("three subdirectories listed", || {
+            h.plan.calls(ROp::ReadDir) == 3
+        })
+        .await;
+        h.plan.reset_counts();
+        for ino in subdirs {
+            let dh = h.fs.opendir(ino).await.unwrap();
+            let items = h.fs.readdir(dh, 0).await.unwrap();
+            h.fs.releasedir(dh);
+            assert!(items.iter().any(|i| i.name == "inner"));
+        }
+        assert_eq!(
+            h.plan.call_counts(),
+            std::collections::HashMap::new(),
+            "the walk reached the server"
+        );
+    }
+}
+
+/// rewinddir(3) (readdir from offset 0 again on the same handle) shows the directory as it is
+/// now on the server, not the snapshot taken at opendir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdir_rewind_lists_afresh() {
+    let h = Harness::with(config(long_ttls()), None);
+    std::fs::write(h.disk("old"), b"").unwrap();
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let first = h.fs.readdir(dh, 0).await.unwrap();
+    assert!(first.iter().any(|i| i.name == "old"));
+    std::fs::remove_file(h.disk("old")).unwrap();
+    std::fs::write(h.disk("new"), b"").unwrap();
+    // Reading on from an offset continues the snapshot...
+    assert!(h
+        .fs
+        .readdir(dh, 2)
+        .await
+        .unwrap()
+        .iter()
+        .any(|i| i.name == "old"));
+    // ...a rewind does not.
+    let again: Vec<OsString> =
+        h.fs.readdir(dh, 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+    h.fs.releasedir(dh);
+    assert_eq!(again, [os("."), os(".."), os("new")]);
 }
 
 // ------------------------------------------------------------------------------ setattr
@@ -2023,7 +2176,7 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     assert_eq!(h.read(wfh, 0, 100).await, b"content");
     h.fs.release(rfh).await.unwrap();
     let dh = h.fs.opendir(ROOT).await.unwrap();
-    assert_eq!(h.fs.readdir(dh, 0).unwrap().len(), 2 + 3);
+    assert_eq!(h.fs.readdir(dh, 0).await.unwrap().len(), 2 + 3);
     h.fs.releasedir(dh);
     assert_eq!(h.fs.readlink(l).await.unwrap(), Path::new("f"));
     h.fs.statfs().await.unwrap();
