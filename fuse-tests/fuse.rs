@@ -1333,6 +1333,130 @@ fn hard_links_and_symlinks() {
     assert!(fs::symlink_metadata(m.e("ln")).is_err());
 }
 
+/// `ls -l` of `dir`: every entry's (name, inode, link count) as readdirplus left them.
+fn listed_links(dir: &Path) -> BTreeMap<OsString, (u64, u64)> {
+    fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let md = fs::symlink_metadata(e.path()).unwrap();
+            (e.file_name(), (md.ino(), md.nlink()))
+        })
+        .collect()
+}
+
+/// A hard link made through the mount is one file under two names, with the default (20 s)
+/// caches: a write through one name is seen through the other at once (the kernel must not
+/// keep a stale size, which cut the read short: b"chan"), as is a chmod, and both names show
+/// one inode number.
+#[test]
+fn hard_link_through_the_mount_is_one_file_under_both_names() {
+    let m = TestMount::start(&[]);
+    fs::write(m.p("f"), b"data").unwrap();
+    fs::hard_link(m.p("f"), m.p("h")).unwrap();
+    fs::metadata(m.p("f")).unwrap();
+    fs::write(m.p("h"), b"changed").unwrap();
+    assert_eq!(
+        fs::read(m.p("f")).unwrap(),
+        b"changed",
+        "write through h, read f"
+    );
+    assert_eq!(fs::metadata(m.p("f")).unwrap().len(), 7);
+    fs::set_permissions(m.p("h"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        fs::metadata(m.p("f")).unwrap().mode() & 0o777,
+        0o600,
+        "chmod through h, stat f"
+    );
+    assert_eq!(
+        fs::metadata(m.p("f")).unwrap().ino(),
+        fs::metadata(m.p("h")).unwrap().ino(),
+        "two inodes for one file"
+    );
+    // The first name goes: the remaining one is the file (its server path too).
+    fs::remove_file(m.p("f")).unwrap();
+    assert_eq!(fs::read(m.p("h")).unwrap(), b"changed");
+    fs::write(m.p("h"), b"again").unwrap();
+    assert_eq!(fs::read(m.e("h")).unwrap(), b"again");
+}
+
+/// st_nlink of a hard link made through the mount follows link and unlink, before and after
+/// a listing.
+#[test]
+fn hard_link_counts_follow_link_and_unlink() {
+    let m = TestMount::start(&[]);
+    fs::write(m.p("f"), b"data").unwrap();
+    fs::hard_link(m.p("f"), m.p("h")).unwrap();
+    let (f, h) = (
+        fs::metadata(m.p("f")).unwrap(),
+        fs::metadata(m.p("h")).unwrap(),
+    );
+    assert_eq!((f.nlink(), h.nlink()), (2, 2), "st_nlink after link");
+    let listed = listed_links(&m.mnt);
+    assert_eq!(listed[os(b"f")].1, 2, "f after a listing");
+    assert_eq!(listed[os(b"h")].1, 2, "h after a listing");
+    fs::remove_file(m.p("f")).unwrap();
+    assert_eq!(
+        fs::metadata(m.p("h")).unwrap().nlink(),
+        1,
+        "after unlink of f"
+    );
+    let listed = listed_links(&m.mnt);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[os(b"h")].1, 1, "h after unlink of f and a listing");
+    assert_eq!(
+        fs::metadata(m.p("h")).unwrap().nlink(),
+        1,
+        "stat after the listing"
+    );
+    assert_eq!(fs::metadata(m.e("h")).unwrap().nlink(), 1, "on the server");
+}
+
+/// rename(2) of a name onto another link of the same file does nothing (POSIX): both names
+/// stay, on the mount and on the server.
+#[test]
+fn rename_onto_a_hard_link_of_the_same_file_is_a_no_op() {
+    let m = TestMount::start(&[]);
+    fs::write(m.p("a"), b"a").unwrap();
+    fs::hard_link(m.p("a"), m.p("b")).unwrap();
+    fs::rename(m.p("a"), m.p("b")).unwrap();
+    assert!(m.e("a").exists(), "a removed on the server");
+    assert!(m.e("b").exists(), "b removed on the server");
+    assert_eq!(fs::read(m.p("a")).unwrap(), b"a", "a through the mount");
+    assert_eq!(fs::read(m.p("b")).unwrap(), b"a", "b through the mount");
+    let mut names = names(&m.mnt);
+    names.sort();
+    assert_eq!(names, vec![OsString::from("a"), OsString::from("b")]);
+    assert_eq!(fs::metadata(m.p("a")).unwrap().nlink(), 2);
+}
+
+/// Hard links made on the server cannot be recognised over SFTP v3: each name is an inode of
+/// its own on the mount. Once a listing showed their link count, their attributes are not
+/// cached, so a change made through one name is seen through the other at once.
+#[test]
+fn server_made_hard_links_are_not_served_stale() {
+    let m = TestMount::start(&[]);
+    fs::write(m.e("x"), b"data").unwrap();
+    fs::hard_link(m.e("x"), m.e("y")).unwrap();
+    let listed = listed_links(&m.mnt);
+    assert_eq!((listed[os(b"x")].1, listed[os(b"y")].1), (2, 2));
+    assert_eq!(fs::read(m.p("y")).unwrap(), b"data");
+    assert_eq!(fs::metadata(m.p("y")).unwrap().len(), 4);
+    fs::write(m.p("x"), b"changed").unwrap();
+    assert_eq!(fs::metadata(m.p("y")).unwrap().len(), 7, "size through y");
+    assert_eq!(fs::read(m.p("y")).unwrap(), b"changed", "read through y");
+    fs::set_permissions(m.p("x"), fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(fs::metadata(m.p("y")).unwrap().mode() & 0o777, 0o600);
+    // Renaming one onto the other is a no-op on the server: the mount must not lose x.
+    fs::rename(m.p("x"), m.p("y")).unwrap();
+    assert!(m.e("x").exists());
+    assert_eq!(
+        fs::read(m.p("x")).unwrap(),
+        b"changed",
+        "x after rename onto y"
+    );
+}
+
 #[test]
 fn statfs_reports_the_server_filesystem() {
     let m = TestMount::start(&[]);

@@ -2,12 +2,19 @@
 //!
 //! SFTP has no inode numbers, only paths. The kernel, however, wants a number per object that
 //! stays the same across renames and while a file is open after being unlinked. So an inode here
-//! is an identity `(parent inode, name)` that the table keeps up to date as the mount itself
-//! renames and removes things, and the full remote path is derived by walking the parents.
+//! is an identity known under one or more names `(parent inode, name)` that the table keeps up
+//! to date as the mount itself renames and removes things, and the full remote path is derived
+//! by walking the parents of its first name.
+//!
+//! Hard links: a link made through the mount is recorded as another name (an alias) of the
+//! same inode, so the kernel keeps one inode, one page cache and one set of attributes for
+//! both names. Removing or renaming one name leaves the inode reachable (and its server path
+//! switched to) a remaining one. Links made on the server cannot be recognised over SFTP v3
+//! (no inode numbers): each of their names is its own inode here; see `Fs::attr_ttl_for`.
 //!
 //! Lifetime follows the kernel's lookup count: an inode is created on the first lookup of a name
-//! and dropped when the kernel forgets it. Inode numbers are never reused during a mount, so a
-//! stale number held by the kernel can never address a different file.
+//! and dropped (with all its names) when the kernel forgets it. Inode numbers are never reused
+//! during a mount, so a stale number held by the kernel can never address a different file.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -20,14 +27,17 @@ pub const ROOT_INO: Ino = 1;
 
 #[derive(Debug)]
 struct Node {
-    parent: Ino,
-    name: OsString,
+    /// The names the inode is known under, `(parent, name)`; the first is the one its server
+    /// path is built from. Empty once removed (or replaced by a rename) while still
+    /// referenced: it has no path any more, only open handles keep it useful. Directories have
+    /// at most one name.
+    names: Vec<(Ino, OsString)>,
     kind: FileKind,
     /// How many lookups the kernel holds (it sends FORGET with the number it drops).
     lookups: u64,
-    /// Removed (or replaced by a rename) while still referenced: it has no path any more, only
-    /// open handles keep it useful.
-    detached: bool,
+    /// The link count, when known: from a listing (the server's count), then kept up to date
+    /// by links and unlinks made through the mount.
+    nlink: Option<u32>,
 }
 
 /// Where an inode currently is.
@@ -37,6 +47,16 @@ pub enum Location {
     Path(PathBuf),
     /// Unlinked while open, or unknown.
     Detached,
+}
+
+/// What removing a name did to its inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Detached {
+    pub ino: Ino,
+    /// Names of the inode the mount still knows.
+    pub names_left: usize,
+    /// Its link count before the removal, when known.
+    pub nlink_before: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -58,12 +78,11 @@ impl InodeTable {
         nodes.insert(
             ROOT_INO,
             Node {
-                parent: ROOT_INO,
-                name: OsString::new(),
+                names: Vec::new(),
                 kind: FileKind::Dir,
                 // The root is never forgotten.
                 lookups: 1,
-                detached: false,
+                nlink: None,
             },
         );
         InodeTable {
@@ -89,15 +108,50 @@ impl InodeTable {
         self.nodes.get(&ino).map(|n| n.kind)
     }
 
-    /// The directory and name an inode is currently known under.
-    pub fn name_of(&self, ino: Ino) -> Option<(Ino, OsString)> {
-        let node = self.nodes.get(&ino)?;
-        (!node.detached && ino != ROOT_INO).then(|| (node.parent, node.name.clone()))
+    /// Every directory and name an inode is currently known under (the first is the one its
+    /// path is built from).
+    pub fn names_of(&self, ino: Ino) -> Vec<(Ino, OsString)> {
+        match self.nodes.get(&ino) {
+            Some(node) if ino != ROOT_INO => node.names.clone(),
+            _ => Vec::new(),
+        }
     }
 
     /// The inode for `name` in `parent`, if the kernel currently knows one.
     pub fn child(&self, parent: Ino, name: &OsStr) -> Option<Ino> {
         self.by_name.get(&(parent, name.to_os_string())).copied()
+    }
+
+    /// The link count to show: the known one, else 0 for an inode without names (removed
+    /// while open), else the number of names the mount knows (at least 1).
+    pub fn nlink(&self, ino: Ino) -> Option<u32> {
+        let node = self.nodes.get(&ino)?;
+        if ino == ROOT_INO {
+            return node.nlink;
+        }
+        if node.names.is_empty() {
+            return Some(0);
+        }
+        Some(
+            node.nlink
+                .unwrap_or(0)
+                .max(node.names.len().min(u32::MAX as usize) as u32),
+        )
+    }
+
+    /// The server told us the link count of `ino` (a listing's long name).
+    pub fn set_nlink(&mut self, ino: Ino, nlink: u32) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.nlink = Some(nlink);
+        }
+    }
+
+    /// Whether `ino` has links the mount does not know by name (made on the server): its
+    /// other names are other inodes here, whose caches the mount cannot keep coherent.
+    pub fn has_unknown_links(&self, ino: Ino) -> bool {
+        self.nodes.get(&ino).is_some_and(|n| {
+            n.kind != FileKind::Dir && n.nlink.unwrap_or(1) as usize > n.names.len().max(1)
+        })
     }
 
     /// The path of `ino` relative to the export root.
@@ -113,14 +167,11 @@ impl InodeTable {
                 }
                 return Location::Path(path);
             }
-            let Some(node) = self.nodes.get(&cur) else {
+            let Some((parent, name)) = self.nodes.get(&cur).and_then(|n| n.names.first()) else {
                 return Location::Detached;
             };
-            if node.detached {
-                return Location::Detached;
-            }
-            parts.push(&node.name);
-            cur = node.parent;
+            parts.push(name);
+            cur = *parent;
         }
         Location::Detached
     }
@@ -137,9 +188,7 @@ impl InodeTable {
             if node.kind != kind {
                 // Replaced on the server by an object of another type: a new identity, so the
                 // kernel does not keep treating a directory as the file it once was.
-                node.detached = true;
-                self.by_name.remove(&key);
-                self.maybe_drop(ino);
+                self.detach_name(parent, name);
             } else {
                 node.lookups += 1;
                 return ino;
@@ -150,15 +199,41 @@ impl InodeTable {
         self.nodes.insert(
             ino,
             Node {
-                parent,
-                name: key.1.clone(),
+                names: vec![key.clone()],
                 kind,
                 lookups: 1,
-                detached: false,
+                nlink: None,
             },
         );
         self.by_name.insert(key, ino);
         ino
+    }
+
+    /// A hard link of `ino` was made through the mount as `name` in `parent`: one more name
+    /// of the same inode, one more kernel reference (the LINK reply is an entry) and one more
+    /// link. Returns false if `ino` is unknown or has no name left.
+    pub fn add_link(&mut self, ino: Ino, parent: Ino, name: &OsStr) -> bool {
+        let key = (parent, name.to_os_string());
+        match self.nodes.get(&ino) {
+            Some(node) if ino != ROOT_INO && !node.names.is_empty() => {}
+            _ => return false,
+        }
+        if self.by_name.get(&key) != Some(&ino) {
+            // Whatever the kernel still had under that name is gone (the link succeeded).
+            self.detach_name(parent, name);
+        }
+        let node = self.nodes.get_mut(&ino).expect("checked above");
+        let before = node
+            .nlink
+            .unwrap_or(1)
+            .max(node.names.len().min(u32::MAX as usize) as u32);
+        if !node.names.contains(&key) {
+            node.names.push(key.clone());
+        }
+        node.nlink = Some(before.saturating_add(1));
+        node.lookups += 1;
+        self.by_name.insert(key, ino);
+        true
     }
 
     /// The kernel dropped `n` references.
@@ -179,38 +254,69 @@ impl InodeTable {
         if node.lookups > 0 {
             return;
         }
-        if !node.detached {
-            let key = (node.parent, node.name.clone());
-            if self.by_name.get(&key) == Some(&ino) {
-                self.by_name.remove(&key);
+        for key in &node.names {
+            if self.by_name.get(key) == Some(&ino) {
+                self.by_name.remove(key);
             }
         }
         self.nodes.remove(&ino);
     }
 
     /// `name` in `parent` was removed through the mount (or found missing): the inode, if
-    /// any, loses its path but lives on while the kernel references it (open-then-unlink).
-    pub fn detach_name(&mut self, parent: Ino, name: &OsStr) -> Option<Ino> {
-        let ino = self.by_name.remove(&(parent, name.to_os_string()))?;
-        if let Some(node) = self.nodes.get_mut(&ino) {
-            node.detached = true;
+    /// any, loses that name (and a link); with no name left it loses its path but lives on
+    /// while the kernel references it (open-then-unlink).
+    pub fn detach_name(&mut self, parent: Ino, name: &OsStr) -> Option<Detached> {
+        let key = (parent, name.to_os_string());
+        let ino = self.by_name.remove(&key)?;
+        let node = self.nodes.get_mut(&ino)?;
+        let nlink_before = node
+            .nlink
+            .map(|n| n.max(node.names.len().min(u32::MAX as usize) as u32));
+        node.names.retain(|k| *k != key);
+        if let Some(n) = nlink_before {
+            node.nlink = Some(n.saturating_sub(1));
         }
+        let names_left = node.names.len();
         self.maybe_drop(ino);
-        Some(ino)
+        Some(Detached {
+            ino,
+            names_left,
+            nlink_before,
+        })
     }
 
     /// A rename through the mount: the object keeps its inode, whatever was at the target is
-    /// detached (it was replaced).
-    pub fn rename(&mut self, parent: Ino, name: &OsStr, new_parent: Ino, new_name: &OsStr) {
-        self.detach_name(new_parent, new_name);
-        if let Some(ino) = self.by_name.remove(&(parent, name.to_os_string())) {
-            if let Some(node) = self.nodes.get_mut(&ino) {
-                node.parent = new_parent;
-                node.name = new_name.to_os_string();
-            }
-            self.by_name
-                .insert((new_parent, new_name.to_os_string()), ino);
+    /// detached (it was replaced). Renaming a name onto another name of the same inode changes
+    /// nothing (as rename(2) does for two links of one file). Returns what the target lost.
+    pub fn rename(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        new_parent: Ino,
+        new_name: &OsStr,
+    ) -> Option<Detached> {
+        let from = (parent, name.to_os_string());
+        let to = (new_parent, new_name.to_os_string());
+        if from == to {
+            return None;
         }
+        if let (Some(a), Some(b)) = (self.by_name.get(&from), self.by_name.get(&to)) {
+            if a == b {
+                return None;
+            }
+        }
+        let replaced = self.detach_name(new_parent, new_name);
+        if let Some(ino) = self.by_name.remove(&from) {
+            if let Some(node) = self.nodes.get_mut(&ino) {
+                for k in node.names.iter_mut() {
+                    if *k == from {
+                        *k = to.clone();
+                    }
+                }
+            }
+            self.by_name.insert(to, ino);
+        }
+        replaced
     }
 
     /// Whether `ancestor` is `ino` or one of its parents (used to refuse renaming a directory
@@ -224,9 +330,9 @@ impl InodeTable {
             if cur == ROOT_INO {
                 return false;
             }
-            match self.nodes.get(&cur) {
-                Some(n) if !n.detached => cur = n.parent,
-                _ => return false,
+            match self.nodes.get(&cur).and_then(|n| n.names.first()) {
+                Some((parent, _)) => cur = *parent,
+                None => return false,
             }
         }
         false
@@ -259,7 +365,7 @@ mod tests {
     fn unlinked_inode_lives_until_forgotten() {
         let mut t = InodeTable::new();
         let f = t.lookup(ROOT_INO, os("f"), FileKind::File);
-        assert_eq!(t.detach_name(ROOT_INO, os("f")), Some(f));
+        assert_eq!(t.detach_name(ROOT_INO, os("f")).map(|d| d.ino), Some(f));
         assert!(t.contains(f));
         assert_eq!(t.location(f), Location::Detached);
         assert_eq!(t.child(ROOT_INO, os("f")), None);
@@ -294,5 +400,82 @@ mod tests {
         t.forget(a, 1);
         assert!(!t.contains(a));
         assert!(t.is_ancestor(ROOT_INO, d));
+    }
+
+    #[test]
+    fn hard_links_are_aliases_of_one_inode() {
+        let mut t = InodeTable::new();
+        let d = t.lookup(ROOT_INO, os("d"), FileKind::Dir);
+        let f = t.lookup(ROOT_INO, os("f"), FileKind::File);
+        assert_eq!(t.nlink(f), Some(1));
+        assert!(t.add_link(f, d, os("h")));
+        assert_eq!(t.nlink(f), Some(2));
+        assert!(!t.has_unknown_links(f));
+        // Either name finds the same inode, and counts a reference.
+        assert_eq!(t.child(d, os("h")), Some(f));
+        assert_eq!(t.lookup(d, os("h"), FileKind::File), f);
+        assert_eq!(t.lookup(ROOT_INO, os("f"), FileKind::File), f);
+        assert_eq!(t.location(f), Location::Path("f".into()));
+        // The first name goes: the path switches to the other.
+        let gone = t.detach_name(ROOT_INO, os("f")).unwrap();
+        assert_eq!((gone.ino, gone.names_left), (f, 1));
+        assert_eq!(t.location(f), Location::Path("d/h".into()));
+        assert_eq!(t.nlink(f), Some(1));
+        assert_eq!(t.child(ROOT_INO, os("f")), None);
+        // A rename of the remaining name, then its removal: detached, link count 0.
+        t.rename(d, os("h"), ROOT_INO, os("g"));
+        assert_eq!(t.location(f), Location::Path("g".into()));
+        let gone = t.detach_name(ROOT_INO, os("g")).unwrap();
+        assert_eq!(gone.names_left, 0);
+        assert_eq!(t.location(f), Location::Detached);
+        assert_eq!(t.nlink(f), Some(0));
+        // Three references (lookup, link, two lookups) less: gone.
+        t.forget(f, 4);
+        assert!(!t.contains(f));
+    }
+
+    #[test]
+    fn forget_drops_every_name_and_rename_onto_an_alias_is_a_no_op() {
+        let mut t = InodeTable::new();
+        let a = t.lookup(ROOT_INO, os("a"), FileKind::File);
+        assert!(t.add_link(a, ROOT_INO, os("b")));
+        assert_eq!(t.rename(ROOT_INO, os("a"), ROOT_INO, os("b")), None);
+        assert_eq!(t.child(ROOT_INO, os("a")), Some(a));
+        assert_eq!(t.child(ROOT_INO, os("b")), Some(a));
+        assert_eq!(t.nlink(a), Some(2));
+        // Renaming one alias over another file: the file is replaced, the inode keeps both
+        // of its names (one moved).
+        let c = t.lookup(ROOT_INO, os("c"), FileKind::File);
+        let gone = t.rename(ROOT_INO, os("b"), ROOT_INO, os("c")).unwrap();
+        assert_eq!((gone.ino, gone.names_left), (c, 0));
+        assert_eq!(t.child(ROOT_INO, os("c")), Some(a));
+        assert_eq!(t.child(ROOT_INO, os("b")), None);
+        assert_eq!(t.names_of(a).len(), 2);
+        t.forget(a, 2);
+        assert!(!t.contains(a));
+        assert_eq!(t.child(ROOT_INO, os("a")), None);
+        assert_eq!(t.child(ROOT_INO, os("c")), None);
+        // A later lookup is a new inode.
+        assert_ne!(t.lookup(ROOT_INO, os("a"), FileKind::File), a);
+    }
+
+    #[test]
+    fn server_link_counts_beyond_the_known_names_are_unknown_links() {
+        let mut t = InodeTable::new();
+        let x = t.lookup(ROOT_INO, os("x"), FileKind::File);
+        assert!(!t.has_unknown_links(x));
+        t.set_nlink(x, 2);
+        assert!(t.has_unknown_links(x));
+        assert_eq!(t.nlink(x), Some(2));
+        // A link through the mount: 3 links, 2 known names.
+        assert!(t.add_link(x, ROOT_INO, os("y")));
+        assert_eq!(t.nlink(x), Some(3));
+        assert!(t.has_unknown_links(x));
+        let d = t.lookup(ROOT_INO, os("d"), FileKind::Dir);
+        t.set_nlink(d, 5);
+        assert!(
+            !t.has_unknown_links(d),
+            "directories have subdirectory links"
+        );
     }
 }

@@ -269,6 +269,12 @@ fn dir_items(listing: &[DirEntry], listed_at: u64) -> Vec<DirItem> {
     items
 }
 
+/// Whether a file keeps its data after losing a name: the mount knows another of its names,
+/// or the server counted more than one link.
+fn data_lives_on(d: inode::Detached) -> bool {
+    d.names_left > 0 || d.nlink_before.is_some_and(|n| n > 1)
+}
+
 /// Names a hostile server might send in a listing that must never reach the kernel.
 fn is_valid_listing_name(name: &OsStr) -> bool {
     check_name(name).is_ok() && name != "." && name != ".."
@@ -448,8 +454,16 @@ impl<R: Remote> Fs<R> {
             ctime: to_system_time(a.mtime),
             kind,
             perm: (a.mode.unwrap_or(0) & 0o7777) as u16,
-            // SFTP v3 has no link count; 1 tells find(1) not to use the leaf optimisation.
-            nlink: nlink.unwrap_or(1),
+            // SFTP v3 has no link count: the table's (a listing's, kept up to date by links
+            // and unlinks through the mount), else 1, which tells find(1) not to use the leaf
+            // optimisation.
+            nlink: self
+                .inodes
+                .lock()
+                .unwrap()
+                .nlink(ino)
+                .or(nlink)
+                .unwrap_or(1),
             uid,
             gid,
         }
@@ -471,7 +485,22 @@ impl<R: Remote> Fs<R> {
         Entry {
             attr,
             entry_ttl: c.entry_ttl,
-            attr_ttl: c.attr_ttl,
+            attr_ttl: self.attr_ttl_for(attr.ino),
+        }
+    }
+
+    /// How long the kernel may keep the attributes of `ino`. Zero for a file with hard links
+    /// the mount does not know by name (made on the server: SFTP v3 cannot tell which names
+    /// are one file, so each is an inode of its own here): a change through one name must
+    /// not leave another showing an old size (which would also cut reads short) or mode.
+    /// With `auto_inval_data` a read revalidates expired attributes, and an open without
+    /// `keep_cache` drops the page cache, so such files are never served stale from the
+    /// kernel's caches past the next `stat`, `open` or `read`.
+    pub fn attr_ttl_for(&self, ino: Ino) -> Duration {
+        if self.inodes.lock().unwrap().has_unknown_links(ino) {
+            Duration::ZERO
+        } else {
+            self.cache_config().attr_ttl
         }
     }
 
@@ -699,7 +728,12 @@ impl<R: Remote> Fs<R> {
 
     /// Remote attributes of an inode, through the cache.
     async fn fetch_attrs(&self, ino: Ino) -> FsResult<CachedAttrs> {
-        if let Some(a) = self.cache.lock().unwrap().get_attrs(ino) {
+        // A file with links the mount cannot see may have changed through another name.
+        let cacheable = !self.inodes.lock().unwrap().has_unknown_links(ino);
+        if let Some(a) = cacheable
+            .then(|| self.cache.lock().unwrap().get_attrs(ino))
+            .flatten()
+        {
             return Ok(a);
         }
         let path = self.path_of(ino)?;
@@ -730,10 +764,11 @@ impl<R: Remote> Fs<R> {
     /// stale, wherever they are (attribute cache, its parent's listing). `known`: the new
     /// attributes, when we have them.
     fn attrs_changed(&self, ino: Ino, known: Option<Attrs>) {
-        let name = self.inodes.lock().unwrap().name_of(ino);
+        let names = self.inodes.lock().unwrap().names_of(ino);
         let mut cache = self.cache.lock().unwrap();
         cache.touch(ino);
-        if let Some((parent, name)) = name {
+        // Every name of it (hard links made through the mount are one inode).
+        for (parent, name) in names {
             cache.listing_update(parent, &name, known);
         }
         if let Some(attrs) = known {
@@ -757,14 +792,19 @@ impl<R: Remote> Fs<R> {
             .lock()
             .unwrap()
             .lookup(parent, name, attrs.file_type());
-        let attrs = {
+        let (attrs, changed) = {
             let mut cache = self.cache.lock().unwrap();
             if cache.changed_since(ino, since) {
-                cache.get_attrs(ino).map(|c| c.attrs).unwrap_or(attrs)
+                (cache.get_attrs(ino).map(|c| c.attrs).unwrap_or(attrs), true)
             } else {
-                attrs
+                (attrs, false)
             }
         };
+        if let (Some(n), false) = (nlink, changed) {
+            // The server's link count (a listing's long name), unless a link or unlink
+            // through the mount came after the listing was taken.
+            self.inodes.lock().unwrap().set_nlink(ino, n);
+        }
         let attrs = self.with_pending_size(ino, attrs);
         if let (FileKind::File, Some(size)) = (attrs.file_type(), attrs.size) {
             self.enforcer.quota.observe(ino, size);
@@ -861,7 +901,7 @@ impl<R: Remote> Fs<R> {
         ino: Ino,
         fh: Option<u64>,
     ) -> FsResult<(Attr, Duration)> {
-        let ttl = self.cache_config().attr_ttl;
+        let ttl = self.attr_ttl_for(ino);
         let mut file = fh.and_then(|fh| self.files.lock().unwrap().get(&fh).cloned());
         if file.is_none() && self.path_of(ino).is_err() {
             // fstat(2) reaches us without a file handle; an unlinked file that is still open
@@ -1212,8 +1252,10 @@ impl<R: Remote> Fs<R> {
         if let Err(e) = self.remote.remove(&path).await {
             return Err(self.explain(Op::Unlink, e, &path, None).await);
         }
-        self.enforcer.quota.release_entry(ino, size);
-        self.removed(parent, name);
+        let gone = self.removed(parent, name);
+        self.enforcer
+            .quota
+            .name_removed(ino, size, gone.is_some_and(data_lives_on));
         Ok(())
     }
 
@@ -1228,13 +1270,17 @@ impl<R: Remote> Fs<R> {
         Ok(())
     }
 
-    fn removed(&self, parent: Ino, name: &OsStr) {
-        let ino = self.inodes.lock().unwrap().detach_name(parent, name);
-        let mut cache = self.cache.lock().unwrap();
-        cache.name_removed(parent, name);
-        if let Some(ino) = ino {
-            cache.forget_attrs(ino);
+    /// `name` in `parent` was removed through the mount: the inode loses that name (and a
+    /// link), and what the caches said of it is dropped. Its other names, if any, now show
+    /// one link less.
+    fn removed(&self, parent: Ino, name: &OsStr) -> Option<inode::Detached> {
+        let gone = self.inodes.lock().unwrap().detach_name(parent, name);
+        self.cache.lock().unwrap().name_removed(parent, name);
+        if let Some(d) = gone {
+            self.attrs_changed(d.ino, None);
+            self.cache.lock().unwrap().forget_attrs(d.ino);
         }
+        gone
     }
 
     pub async fn rename(
@@ -1260,6 +1306,23 @@ impl<R: Remote> Fs<R> {
         }
         let from = self.child_path(parent, name)?;
         let to = self.child_path(new_parent, new_name)?;
+        let (source_ino, same_file) = {
+            let inodes = self.inodes.lock().unwrap();
+            let source = inodes.child(parent, name);
+            let same = source.is_some() && source == inodes.child(new_parent, new_name);
+            (source, same)
+        };
+        if same_file {
+            // Two names of one file (a hard link made through the mount): rename(2) does
+            // nothing and succeeds, both names stay.
+            if flags & libc::RENAME_NOREPLACE != 0 {
+                return Err(FsError::new(
+                    libc::EEXIST,
+                    format!("{}: exists", to.display()),
+                ));
+            }
+            return Ok(());
+        }
         let into_itself = {
             let inodes = self.inodes.lock().unwrap();
             inodes
@@ -1305,13 +1368,34 @@ impl<R: Remote> Fs<R> {
             }
             return Err(err);
         }
-        if let Some((target_ino, size)) = replaced {
-            self.enforcer.quota.release_entry(target_ino, size);
+        if mode == RenameMode::Replace
+            && source_ino.is_some_and(|i| self.inodes.lock().unwrap().has_unknown_links(i))
+            && self.remote.lstat(&from).await.is_ok()
+        {
+            // The source has links the mount does not know by name, and is still there after
+            // the rename: the target was another link of the same file (made on the server),
+            // and the server did nothing. Nothing moved; what we knew of both names may be off.
+            let mut cache = self.cache.lock().unwrap();
+            cache.name_changed(parent, name);
+            cache.name_changed(new_parent, new_name);
+            return Ok(());
         }
-        self.inodes
+        let replaced_node = self
+            .inodes
             .lock()
             .unwrap()
             .rename(parent, name, new_parent, new_name);
+        if let Some((target_ino, size)) = replaced {
+            self.enforcer.quota.name_removed(
+                target_ino,
+                size,
+                replaced_node.is_some_and(data_lives_on),
+            );
+        }
+        if let Some(d) = replaced_node {
+            // Its other names (if any) show one link less.
+            self.attrs_changed(d.ino, None);
+        }
         let mut cache = self.cache.lock().unwrap();
         cache.name_removed(new_parent, new_name);
         match cache.name_removed(parent, name) {
@@ -1325,33 +1409,67 @@ impl<R: Remote> Fs<R> {
         Ok(())
     }
 
+    /// A hard link: the new name is another name of the same inode (answered with the source's
+    /// inode number), so the kernel keeps one inode, one page cache and one set of attributes
+    /// for both.
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
         self.check_writable("link")?;
         let existing = self.path_of(ino)?;
         let new = self.child_path(new_parent, new_name)?;
-        // SFTP v3 has no link counts, so an unlink cannot tell whether the data lives on
-        // under another name: a hard link is charged as a copy (and given back by unlink).
+        // SFTP v3 has no link counts, so an unlink cannot always tell whether the data lives
+        // on under another name: a hard link is charged as a copy (see Quota::reserve_link).
         let size = self.quota_size(Some(ino), &existing).await;
-        self.enforcer.quota.reserve_bytes(size).map_err(|_| {
+        self.enforcer.quota.reserve_link(ino, size).map_err(|_| {
             FsError::new(
                 libc::ENOSPC,
                 format!(
-                    "{}: a hard link counts as a copy, and the byte quota is used up",
+                    "{}: a hard link counts as a new entry and a copy, and the quota is used up",
                     new.display()
                 ),
             )
         })?;
-        if let Err(e) = self.reserve_entry(&new) {
-            self.enforcer.quota.release_bytes(size);
-            return Err(e);
-        }
         if let Err(e) = self.remote.hardlink(&existing, &new).await {
-            self.enforcer.quota.release_entry(None, size);
+            self.enforcer.quota.unreserve_link(ino, size);
             return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
         }
+        let since = self.cache.lock().unwrap().now();
+        let attrs = self.remote.lstat(&new).await;
+        let added = self
+            .inodes
+            .lock()
+            .unwrap()
+            .add_link(ino, new_parent, new_name);
+        if !added {
+            // The source lost its last name meanwhile (or was forgotten): the new name is a
+            // file of its own to the mount.
+            self.attrs_changed(ino, None);
+            return self
+                .finish_create(new_parent, new_name, &new, None, None)
+                .await;
+        }
+        // The link count and the ctime changed: every name of it shows that.
         self.attrs_changed(ino, None);
-        self.finish_create(new_parent, new_name, &new, None, None)
-            .await
+        let attrs = match attrs {
+            Ok(a) => a,
+            Err(e) => {
+                self.cache
+                    .lock()
+                    .unwrap()
+                    .name_changed(new_parent, new_name);
+                return Err(self.explain(Op::Lookup, e, &new, None).await);
+            }
+        };
+        self.cache.lock().unwrap().name_added(
+            new_parent,
+            DirEntry {
+                name: new_name.to_os_string(),
+                attrs,
+                nlink: None,
+            },
+        );
+        let attrs = self.with_pending_size(ino, attrs);
+        self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since);
+        Ok(self.entry(self.make_attr(ino, &attrs, None)))
     }
 
     // ---------------------------------------------------------------- files

@@ -2248,3 +2248,185 @@ async fn large_read_is_split_and_reassembled_with_a_short_read_at_eof() {
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0);
 }
+
+// ------------------------------------------------------------------------------ hard links
+
+/// What `ls -l` does through readdirplus: every entry of `dir` with the entry it produced.
+async fn list_plus(h: &Harness, dir: Ino) -> Vec<(OsString, super::Entry)> {
+    let dh = h.fs.opendir(dir).await.unwrap();
+    let mut out = Vec::new();
+    for item in h.fs.readdir(dh, 0).await.unwrap() {
+        if item.attrs.is_some() {
+            let e = h.fs.readdirplus_entry(dir, &item).await.unwrap();
+            out.push((item.name.clone(), e));
+        }
+    }
+    h.fs.releasedir(dh);
+    out
+}
+
+/// A link made through the mount is another name of the same inode: LINK answers with the
+/// source's inode, a later lookup of either name finds it, the link count follows links and
+/// unlinks, and when the first name goes the inode lives on under the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_is_the_same_inode_under_both_names() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"data").await;
+    h.fs.release(fh).await.unwrap();
+    let d = h.mkdir(ROOT, "d").await;
+    let e = h.fs.link(f, d, os("h")).await.unwrap();
+    assert_eq!(e.attr.ino, f, "LINK must answer with the source's inode");
+    assert_eq!(e.attr.nlink, 2, "link count after link");
+    assert_eq!(e.attr.size, 4);
+    assert_eq!(h.lookup(d, "h").await, f);
+    assert_eq!(h.lookup(ROOT, "f").await, f);
+    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.nlink, 2);
+    // A listing agrees (the server says 2 as well).
+    for (name, e) in list_plus(&h, d).await {
+        assert_eq!(
+            (name.as_os_str(), e.attr.ino, e.attr.nlink),
+            (os("h"), f, 2)
+        );
+        assert!(
+            !e.attr_ttl.is_zero(),
+            "both names known: attributes may be cached"
+        );
+    }
+    // Writing through one name changes what both show.
+    let fh = h.open(f, libc::O_WRONLY | libc::O_TRUNC).await;
+    h.write(fh, 0, b"changed").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.size(h.lookup(d, "h").await, None).await, 7);
+    assert_eq!(std::fs::read(h.disk("d/h")).unwrap(), b"changed");
+    // The first name goes: the inode is reached through the other (its server path too).
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert!(!h.disk("f").exists());
+    let a = h.fs.getattr(f, None).await.unwrap().0;
+    assert_eq!((a.size, a.nlink), (7, 1), "after unlinking the other name");
+    let fh = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(h.read(fh, 0, 100).await, b"changed");
+    h.fs.release(fh).await.unwrap();
+    let listed = list_plus(&h, d).await;
+    assert_eq!(listed[0].1.attr.nlink, 1, "after a listing");
+    assert_eq!(listed[0].1.attr.ino, f);
+    assert_errno(h.fs.lookup(ROOT, os("f")).await, libc::ENOENT, "old name");
+    // chmod through the inode shows under the remaining name.
+    h.fs.setattr(
+        f,
+        None,
+        SetattrRequest {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(h.meta("d/h").mode() & 0o777, 0o600);
+    // The last name goes: detached, link count 0, forgotten with all its references.
+    h.fs.unlink(d, os("h")).await.unwrap();
+    assert_errno(h.fs.getattr(f, None).await, libc::ENOENT, "no name left");
+    h.fs.forget(f, 7);
+    assert_eq!(h.fs.inode_count(), 2, "root and d");
+}
+
+/// rename(2) of a name onto another link of the same file does nothing and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rename_onto_another_link_of_the_same_file_is_a_no_op() {
+    let h = Harness::new();
+    let (a, fh) = h.create(ROOT, "a").await;
+    h.write(fh, 0, b"a").await;
+    h.fs.release(fh).await.unwrap();
+    h.fs.link(a, ROOT, os("b")).await.unwrap();
+    h.fs.rename(ROOT, os("a"), ROOT, os("b"), 0).await.unwrap();
+    assert!(h.disk("a").exists() && h.disk("b").exists());
+    assert_eq!(h.lookup(ROOT, "a").await, a);
+    assert_eq!(h.lookup(ROOT, "b").await, a);
+    assert_eq!(h.fs.getattr(a, None).await.unwrap().0.nlink, 2);
+    assert_errno(
+        h.fs.rename(ROOT, os("a"), ROOT, os("b"), libc::RENAME_NOREPLACE)
+            .await,
+        libc::EEXIST,
+        "NOREPLACE onto a link of the same file",
+    );
+    // Renaming one of the names elsewhere keeps both names of the inode.
+    h.fs.rename(ROOT, os("b"), ROOT, os("c"), 0).await.unwrap();
+    assert_eq!(h.lookup(ROOT, "c").await, a);
+    assert_eq!(h.lookup(ROOT, "a").await, a);
+    assert_eq!(std::fs::read(h.disk("c")).unwrap(), b"a");
+}
+
+/// Links made on the server cannot be recognised: once a listing says a file has more links
+/// than the mount knows names, its attributes are neither cached by the core nor by the
+/// kernel (TTL 0), so a change through one name shows through the other at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_made_links_are_not_cached() {
+    let h = Harness::new();
+    std::fs::write(h.disk("x"), b"data").unwrap();
+    std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
+    // A file listed with one link, for the contrast at the end.
+    std::fs::write(h.disk("z"), b"z").unwrap();
+    let listed: Vec<_> = list_plus(&h, ROOT)
+        .await
+        .into_iter()
+        .filter(|(n, _)| n != "z")
+        .collect();
+    assert_eq!(listed.len(), 2);
+    for (name, e) in &listed {
+        assert_eq!(e.attr.nlink, 2, "{name:?}");
+        assert!(e.attr_ttl.is_zero(), "{name:?}: attributes cached");
+    }
+    let x = h.lookup(ROOT, "x").await;
+    let y = h.lookup(ROOT, "y").await;
+    assert_ne!(x, y, "the mount cannot know these are one file");
+    assert_eq!(h.size(y, None).await, 4);
+    let fh = h.open(x, libc::O_WRONLY | libc::O_TRUNC).await;
+    h.write(fh, 0, b"changed").await;
+    h.fs.release(fh).await.unwrap();
+    let (a, ttl) = h.fs.getattr(y, None).await.unwrap();
+    assert_eq!(a.size, 7, "change through x seen through y");
+    assert!(ttl.is_zero());
+    // A file listed with one link is cached as usual.
+    let z = list_plus(&h, ROOT)
+        .await
+        .into_iter()
+        .find(|(n, _)| n == "z")
+        .unwrap()
+        .1;
+    assert!(!z.attr_ttl.is_zero());
+}
+
+/// Quota: a link is charged as a copy; removing one name of a linked file gives one copy
+/// back and keeps tracking the file, which still grows at the price of its copies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_hard_links_charged_as_copies_and_given_back_per_name() {
+    let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(10_000), None);
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, &[1u8; 1000]).await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(quota.usage().bytes, 1000);
+    h.fs.link(f, ROOT, os("g")).await.unwrap();
+    assert_eq!(quota.usage().bytes, 2000);
+    assert_eq!(quota.usage().files, 2);
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert_eq!(quota.usage().bytes, 1000, "one copy given back");
+    assert_eq!(quota.usage().files, 1);
+    // The data lives on under g, and is still known: appending costs only the growth.
+    let fh = h.open(f, libc::O_WRONLY).await;
+    h.write(fh, 1000, &[2u8; 500]).await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(quota.usage().bytes, 1500);
+    // Growing while two names are charged costs twice; the last name gives all back.
+    h.fs.link(f, ROOT, os("k")).await.unwrap();
+    assert_eq!(quota.usage().bytes, 3000);
+    let fh = h.open(f, libc::O_WRONLY).await;
+    h.write(fh, 1500, &[3u8; 100]).await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(quota.usage().bytes, 3200);
+    h.fs.unlink(ROOT, os("g")).await.unwrap();
+    assert_eq!(quota.usage().bytes, 1600);
+    h.fs.unlink(ROOT, os("k")).await.unwrap();
+    assert_eq!((quota.usage().bytes, quota.usage().files), (0, 0));
+}

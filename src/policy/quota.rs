@@ -24,6 +24,9 @@ struct State {
     files: i64,
     /// Known size of every file the mount has seen and may still change.
     sizes: HashMap<Ino, u64>,
+    /// Hard links made through the mount that are charged as copies: the inode's bytes count
+    /// `1 + copies` times, also as it grows, and each removed name gives one copy back.
+    copies: HashMap<Ino, u32>,
     /// Bytes the workspace held at mount time, once measured (for `df`).
     base: Option<u64>,
 }
@@ -97,9 +100,18 @@ impl Quota {
         self.state.lock().unwrap().sizes.entry(ino).or_insert(size);
     }
 
-    /// The kernel forgot `ino` and no file of it is open: stop tracking it.
+    /// The kernel forgot `ino` and no file of it is open: stop tracking it. (Its copies stay
+    /// charged: each of its names, seen again as separate inodes, gives its size back when
+    /// removed.)
     pub fn forget(&self, ino: Ino) {
-        self.state.lock().unwrap().sizes.remove(&ino);
+        let mut s = self.state.lock().unwrap();
+        s.sizes.remove(&ino);
+        s.copies.remove(&ino);
+    }
+
+    /// How many times the bytes of `ino` are charged.
+    fn weight(s: &State, ino: Ino) -> u64 {
+        1 + u64::from(s.copies.get(&ino).copied().unwrap_or(0))
     }
 
     /// Reserve the growth of writing `len` bytes at `offset` of `ino` (whose size must be
@@ -113,11 +125,13 @@ impl Quota {
             return Ok(len);
         }
         let growth = end - size;
+        // A file hard-linked through the mount grows once per charged copy.
+        let weight = Self::weight(&s, ino);
         let allowed_growth = match s.max_bytes {
             None => growth,
             Some(max) => {
                 let left = (max as i64 - s.bytes).max(0) as u64;
-                growth.min(left)
+                growth.min(left / weight)
             }
         };
         // The bytes that fit are those up to size + allowed_growth.
@@ -125,7 +139,7 @@ impl Quota {
         if new_end <= offset {
             return Err(OverQuota);
         }
-        s.bytes += allowed_growth as i64;
+        s.bytes += (allowed_growth * weight) as i64;
         s.sizes.insert(ino, new_end);
         Ok(new_end - offset)
     }
@@ -134,14 +148,15 @@ impl Quota {
     pub fn resize(&self, ino: Ino, size: u64) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
         let old = s.sizes.get(&ino).copied().unwrap_or(0);
+        let weight = Self::weight(&s, ino) as i64;
         if size > old {
             if let Some(max) = s.max_bytes {
-                if s.bytes + (size - old) as i64 > max as i64 {
+                if s.bytes + (size - old) as i64 * weight > max as i64 {
                     return Err(OverQuota);
                 }
             }
         }
-        s.bytes += size as i64 - old as i64;
+        s.bytes += (size as i64 - old as i64) * weight;
         s.sizes.insert(ino, size);
         Ok(())
     }
@@ -150,7 +165,7 @@ impl Quota {
     pub fn unreserve(&self, ino: Ino, old_size: u64) {
         let mut s = self.state.lock().unwrap();
         if let Some(cur) = s.sizes.get(&ino).copied() {
-            s.bytes -= cur as i64 - old_size as i64;
+            s.bytes -= (cur as i64 - old_size as i64) * Self::weight(&s, ino) as i64;
             s.sizes.insert(ino, old_size);
         }
     }
@@ -159,22 +174,63 @@ impl Quota {
         self.state.lock().unwrap().sizes.get(&ino).copied()
     }
 
-    /// Reserve `bytes` more of the budget (a hard link: it may keep data alive that an
-    /// unlink of the other name would otherwise give back, so it counts as a copy).
-    pub fn reserve_bytes(&self, bytes: u64) -> Result<(), OverQuota> {
+    /// Reserve a hard link of `ino` (of `size` bytes) as `name`: one entry and one more copy
+    /// of its bytes. SFTP v3 has no link counts, so the mount cannot always tell whether data
+    /// outlives the removal of a name: a link is charged as a copy, and its bytes keep counting
+    /// once per copy as the file grows.
+    pub fn reserve_link(&self, ino: Ino, size: u64) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
         if let Some(max) = s.max_bytes {
-            if s.bytes + bytes as i64 > max as i64 {
+            if s.bytes + size as i64 > max as i64 {
                 return Err(OverQuota);
             }
         }
-        s.bytes += bytes as i64;
+        if let Some(max) = s.max_files {
+            if s.files + 1 > max as i64 {
+                return Err(OverQuota);
+            }
+        }
+        s.bytes += size as i64;
+        s.files += 1;
+        s.sizes.entry(ino).or_insert(size);
+        *s.copies.entry(ino).or_insert(0) += 1;
         Ok(())
     }
 
-    /// Give back bytes reserved with [`Quota::reserve_bytes`].
-    pub fn release_bytes(&self, bytes: u64) {
-        self.state.lock().unwrap().bytes -= bytes as i64;
+    /// A link reserved with [`Quota::reserve_link`] was not made.
+    pub fn unreserve_link(&self, ino: Ino, size: u64) {
+        let mut s = self.state.lock().unwrap();
+        s.bytes -= size as i64;
+        s.files -= 1;
+        if let Some(c) = s.copies.get_mut(&ino) {
+            *c = c.saturating_sub(1);
+        }
+    }
+
+    /// A name of the file `ino` (of `size` bytes) was removed (unlinked, or replaced by a
+    /// rename). `data_lives_on`: the mount knows another name of it remains. A charged copy is
+    /// given back first; else the bytes are given back only when the data went with the name.
+    pub fn name_removed(&self, ino: Option<Ino>, size: u64, data_lives_on: bool) {
+        let mut s = self.state.lock().unwrap();
+        s.files -= 1;
+        let Some(ino) = ino else {
+            if !data_lives_on {
+                s.bytes -= size as i64;
+            }
+            return;
+        };
+        match s.copies.get_mut(&ino) {
+            Some(c) if *c > 0 => {
+                *c -= 1;
+                s.bytes -= size as i64;
+            }
+            _ if data_lives_on => {}
+            _ => {
+                s.bytes -= size as i64;
+                s.sizes.remove(&ino);
+                s.copies.remove(&ino);
+            }
+        }
     }
 
     /// Reserve one new entry (file, directory, link).
@@ -256,6 +312,49 @@ mod tests {
         let total: u64 = handles.into_iter().map(|h| h.join().unwrap()).sum();
         assert_eq!(total, 10_000);
         assert_eq!(q.usage().bytes, 10_000);
+    }
+
+    #[test]
+    fn hard_links_are_copies_that_grow_and_are_given_back_per_name() {
+        let q = Quota::new(Some(10_000), Some(10));
+        q.reserve_entry().unwrap();
+        q.created(3);
+        assert_eq!(q.reserve_write(3, 0, 1000), Ok(1000));
+        q.reserve_link(3, 1000).unwrap();
+        assert_eq!(q.usage().bytes, 2000);
+        assert_eq!(q.usage().files, 2);
+        // Growing a file with two charged names costs twice.
+        assert_eq!(q.reserve_write(3, 1000, 500), Ok(500));
+        assert_eq!(q.usage().bytes, 3000);
+        q.resize(3, 1000).unwrap();
+        assert_eq!(q.usage().bytes, 2000);
+        // One name goes: a copy is given back, the size is still tracked.
+        q.name_removed(Some(3), 1000, true);
+        assert_eq!(q.usage().bytes, 1000);
+        assert_eq!(q.size_of(3), Some(1000));
+        assert_eq!(q.reserve_write(3, 1000, 10), Ok(10));
+        assert_eq!(q.usage().bytes, 1010);
+        // The last one: everything is given back.
+        q.name_removed(Some(3), 1010, false);
+        assert_eq!(
+            q.usage(),
+            Usage {
+                bytes: 0,
+                files: 0,
+                max_bytes: Some(10_000),
+                max_files: Some(10),
+                base: None
+            }
+        );
+        // A failed link takes nothing.
+        q.created(4);
+        q.reserve_link(4, 0).unwrap();
+        q.unreserve_link(4, 0);
+        assert_eq!(q.usage().files, 0);
+        // A name of a file linked on the server (data lives on) gives back no bytes.
+        q.reserve_write(4, 0, 100).unwrap();
+        q.name_removed(Some(4), 100, true);
+        assert_eq!(q.usage().bytes, 100);
     }
 
     #[test]
