@@ -2349,3 +2349,23 @@ fn daemon_changes_to_the_root_directory() {
          fails with EBUSY while the mount lives"
     );
 }
+
+// ------------------------------------------------------------------ POSIX details
+//
+// Differences a differential probe (the same system calls on a local directory and on the
+// mount) found; each test asserts what the local directory gives.
+
+/// `mkdir` in a setgid directory: the new directory inherits S_ISGID and the group.
+#[test]
+fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
+    use std::os::unix::fs::DirBuilderExt;
+    let m = TestMount::start(&[NO_CACHE]);
+    fs::create_dir(m.p("sg")).unwrap();
+    std::os::unix::fs::chown(m.p("sg"), None, Some(4242)).unwrap();
+    fs::set_permissions(m.p("sg"), fs::Permissions::from_mode(0o2775)).unwrap();
+    fs::DirBuilder::new().mode(0o755).create(m.p("sg/s")).unwrap();
+    let s = fs::metadata(m.p("sg/s")).unwrap();
+    assert_eq!((s.mode() & 0o7777, s.gid()), (0o2755, 4242), "mount");
+    let s = fs::metadata(m.e("sg/s")).unwrap();
+    assert_eq!((s.mode() & 0o7777, s.gid()), (0o2755, 4242), "server");
+}

@@ -1104,6 +1104,14 @@ impl<R: Remote> Fs<R> {
             }
         };
         if let (Some(want), Some(mode)) = (perm, attrs.mode) {
+            // A directory made in a setgid directory inherits S_ISGID from the server's
+            // mkdir(2), as on a local disk: that is not the server's umask at work, keep it
+            // (a chmod without it would clear it).
+            let want = if FileKind::from_mode(mode) == FileKind::Dir {
+                want | (mode & libc::S_ISGID)
+            } else {
+                want
+            };
             if mode & 0o7777 != want & 0o7777 {
                 let set = SetAttrs {
                     perm: Some(want & 0o7777),

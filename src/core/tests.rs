@@ -12,7 +12,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fmt::Debug;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -1846,7 +1846,6 @@ async fn setattr_chmod_and_truncate() {
 /// root); the attributes the core answers, and caches, must say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setattr_chown_reply_matches_the_server() {
-    use std::os::unix::fs::PermissionsExt;
     let h = Harness::new();
     std::fs::write(h.disk("f"), b"#!/bin/sh\n").unwrap();
     std::fs::set_permissions(h.disk("f"), std::fs::Permissions::from_mode(0o4755)).unwrap();
@@ -2094,4 +2093,35 @@ async fn large_read_is_split_and_reassembled_with_a_short_read_at_eof() {
     assert_eq!(h.size(g, Some(fh)).await, len as u64);
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0);
+}
+
+// ------------------------------------------------------------------------------ POSIX details
+
+/// mkdir in a setgid directory: the new directory inherits S_ISGID (and the group) from the
+/// server's mkdir(2), as on a local disk; fixing up the permission bits must not clear it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
+    let h = Harness::new();
+    std::fs::create_dir(h.disk("sg")).unwrap();
+    std::fs::set_permissions(h.disk("sg"), std::fs::Permissions::from_mode(0o2775)).unwrap();
+    let sg = h.lookup(ROOT, "sg").await;
+    let e =
+        h.fs.mkdir(sg, os("s"), libc::S_IFDIR | 0o755, UMASK)
+            .await
+            .unwrap();
+    assert_eq!(e.attr.perm, 0o2755, "mkdir reply");
+    assert_eq!(h.meta("sg/s").mode() & 0o7777, 0o2755, "on the server");
+    // Permission bits the server's umask took away are still put back, setgid kept.
+    let e =
+        h.fs.mkdir(sg, os("wide"), libc::S_IFDIR | 0o777, 0)
+            .await
+            .unwrap();
+    assert_eq!(e.attr.perm, 0o2777, "mkdir 0777, umask 0");
+    assert_eq!(h.meta("sg/wide").mode() & 0o7777, 0o2777);
+    // A plain directory gets no setgid.
+    let e =
+        h.fs.mkdir(ROOT, os("plain"), libc::S_IFDIR | 0o755, UMASK)
+            .await
+            .unwrap();
+    assert_eq!(e.attr.perm, 0o755);
 }
