@@ -2369,3 +2369,34 @@ fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
     let s = fs::metadata(m.e("sg/s")).unwrap();
     assert_eq!((s.mode() & 0o7777, s.gid()), (0o2755, 4242), "server");
 }
+
+fn mknod(p: &Path, mode: libc::mode_t) -> io::Result<()> {
+    let c = cpath(p);
+    // SAFETY: valid NUL-terminated path.
+    last_os_error(unsafe { libc::mknod(c.as_ptr(), mode, 0) })
+}
+
+/// `mknod(S_IFREG)` creates an empty regular file; special files stay EPERM.
+#[test]
+fn posix_mknod_of_a_regular_file_creates_it() {
+    let m = TestMount::start(&[NO_CACHE]);
+    mknod(&m.p("r"), libc::S_IFREG | 0o640).unwrap();
+    let s = fs::symlink_metadata(m.p("r")).unwrap();
+    assert!(s.is_file(), "mount: {:o}", s.mode());
+    assert_eq!((s.mode() & 0o7777, s.len()), (0o640, 0));
+    let s = fs::symlink_metadata(m.e("r")).unwrap();
+    assert!(s.is_file(), "server: {:o}", s.mode());
+    assert_eq!((s.mode() & 0o7777, s.len()), (0o640, 0));
+    // Without a type, mknod makes a regular file too.
+    mknod(&m.p("untyped"), 0o600).unwrap();
+    assert!(fs::symlink_metadata(m.e("untyped")).unwrap().is_file());
+    fs::write(m.p("r"), b"usable").unwrap();
+    assert_eq!(fs::read(m.e("r")).unwrap(), b"usable");
+    assert_errno(
+        mknod(&m.p("r"), libc::S_IFREG | 0o640),
+        libc::EEXIST,
+        "mknod over an existing file",
+    );
+    assert_errno(mkfifo(&m.p("fifo")), libc::EPERM, "mkfifo");
+    assert!(!m.e("fifo").exists());
+}

@@ -1411,6 +1411,36 @@ impl<R: Remote> Fs<R> {
         Ok((entry, fh))
     }
 
+    /// mknod(2). A regular file is created as `create` with `O_EXCL` would (sshfs does the
+    /// same), with the same read-only and quota checks, and closed again; SFTP cannot create
+    /// FIFOs, devices or sockets: `EPERM`.
+    pub async fn mknod(
+        self: &Arc<Self>,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Entry> {
+        self.check_writable("mknod")?;
+        let kind = mode & libc::S_IFMT;
+        // (The kernel turns a type of 0 into S_IFREG before it asks.)
+        if kind != libc::S_IFREG && kind != 0 {
+            return Err(FsError::new(
+                libc::EPERM,
+                format!("mknod of type {kind:o}: SFTP cannot create special files"),
+            ));
+        }
+        let req = OpenRequest {
+            flags: libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        };
+        let (entry, fh) = self
+            .create(parent, name, libc::S_IFREG | (mode & 0o7777), umask, req)
+            .await?;
+        // Nothing was written: an error of this close is of no interest to anyone.
+        let _ = self.release(fh).await;
+        Ok(entry)
+    }
+
     fn file(&self, fh: u64) -> FsResult<Arc<OpenFile<R>>> {
         self.files
             .lock()

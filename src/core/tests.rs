@@ -2125,3 +2125,63 @@ async fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
             .unwrap();
     assert_eq!(e.attr.perm, 0o755);
 }
+
+/// mknod(S_IFREG) makes a regular file (an exclusive create, as sshfs does), under the same
+/// read-only and quota rules as create; special files stay EPERM (SFTP cannot make them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_mknod_of_a_regular_file_creates_it() {
+    let h = Harness::new();
+    let e =
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK)
+            .await
+            .expect("mknod S_IFREG");
+    assert_eq!((e.attr.kind, e.attr.perm, e.attr.size), (FileKind::File, 0o640, 0));
+    let m = h.meta("r");
+    assert!(m.is_file());
+    assert_eq!((m.mode() & 0o7777, m.len()), (0o640, 0));
+    assert_eq!(h.lookup(ROOT, "r").await, e.attr.ino, "the entry answered is the file");
+    assert_eq!(h.fs.open_file_count(), 0, "the handle of the create was closed");
+    assert_eq!(h.open_handles().await, 0);
+    assert_errno(
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK).await,
+        libc::EEXIST,
+        "mknod over an existing file",
+    );
+    for (what, kind) in [
+        ("fifo", libc::S_IFIFO),
+        ("chr", libc::S_IFCHR),
+        ("blk", libc::S_IFBLK),
+        ("sock", libc::S_IFSOCK),
+    ] {
+        assert_errno(
+            h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK).await,
+            libc::EPERM,
+            what,
+        );
+        assert!(!h.disk(what).exists());
+    }
+
+    // The entry quota applies as for create.
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(None, Some(quota.usage().files as u64 + 1));
+    h.fs.mknod(ROOT, os("last"), libc::S_IFREG | 0o644, UMASK)
+        .await
+        .expect("mknod within the quota");
+    assert_errno(
+        h.fs.mknod(ROOT, os("over"), libc::S_IFREG | 0o644, UMASK).await,
+        libc::ENOSPC,
+        "mknod over the file quota",
+    );
+    assert!(!h.disk("over").exists());
+    quota.set_limits(None, None);
+
+    h.fs.set_read_only();
+    for kind in [libc::S_IFREG, libc::S_IFIFO] {
+        assert_errno(
+            h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK).await,
+            libc::EROFS,
+            "mknod on a read-only mount",
+        );
+    }
+    assert!(!h.disk("ro").exists());
+}
