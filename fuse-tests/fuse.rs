@@ -2400,3 +2400,37 @@ fn posix_mknod_of_a_regular_file_creates_it() {
     assert_errno(mkfifo(&m.p("fifo")), libc::EPERM, "mkfifo");
     assert!(!m.e("fifo").exists());
 }
+
+/// A write at 2^63-2 (one byte, so the kernel lets it through) or a truncate to it: EFBIG, as
+/// on the local disk the export is on; not sftp-server's EINVAL of its seek, nor EIO. (The
+/// write is acknowledged at once, write-behind: the error comes by fsync and close.)
+#[test]
+fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
+    const NEAR_MAX: u64 = (1 << 63) - 2;
+    let m = TestMount::start(&[NO_CACHE]);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("big"))
+        .unwrap();
+    // The same calls on the export directly: what a local disk says.
+    let local = File::options().write(true).open(m.e("big")).unwrap();
+    let local_write = errno_of(local.write_at(b"x", NEAR_MAX));
+    let local_truncate = errno_of(local.set_len(NEAR_MAX));
+    assert_eq!((local_write, local_truncate), (libc::EFBIG, libc::EFBIG), "local disk");
+    let got = match f.write_at(b"x", NEAR_MAX) {
+        Ok(_) => errno_of(f.sync_all()),
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    };
+    assert_eq!(errno_name(got), errno_name(libc::EFBIG), "pwrite at 2^63-2");
+    assert_errno(f.set_len(NEAR_MAX), libc::EFBIG, "ftruncate to 2^63-2");
+    assert_errno(
+        truncate_path(&m.p("big"), NEAR_MAX as i64),
+        libc::EFBIG,
+        "truncate to 2^63-2",
+    );
+    drop(f);
+    assert_eq!(fs::metadata(m.e("big")).unwrap().len(), 0);
+}

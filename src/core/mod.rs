@@ -201,6 +201,13 @@ fn to_seconds(t: TimeSpec) -> u32 {
     }
 }
 
+/// Whether `len` bytes at `offset` would pass the largest offset a file can have (`off_t`).
+fn past_max_offset(offset: u64, len: u64) -> bool {
+    offset
+        .checked_add(len)
+        .is_none_or(|end| end > i64::MAX as u64)
+}
+
 fn remote_err(op: Op, err: &RemoteError, what: impl std::fmt::Display) -> FsError {
     let errno = errno::direct(err, op).unwrap_or(libc::EIO);
     FsError::new(errno, format!("{what}: {err}"))
@@ -661,6 +668,24 @@ impl<R: Remote> Fs<R> {
         FsError::new(errno, format!("{op:?} {}: {err}", target.display()))
     }
 
+    /// [`Fs::explain`] for a write or truncate that would end at byte `end`. A plain
+    /// `FAILURE` there, with the end past the size of the whole server filesystem, is the
+    /// server's EFBIG: no filesystem fails that for want of space (that is `ENOSPC`, found
+    /// first) but one whose largest file is smaller does.
+    async fn explain_sized(&self, op: Op, err: RemoteError, path: &Path, end: u64) -> FsError {
+        let generic = err.status() == Some(Status::Failure);
+        let mut e = self.explain(op, err, path, None).await;
+        if generic && e.errno == libc::EIO {
+            if let Ok(v) = self.remote.statvfs(&self.root).await {
+                if end > v.blocks.saturating_mul(v.frsize.max(1)) {
+                    e.errno = libc::EFBIG;
+                    e.context = format!("{}: file too large ({})", path.display(), e.context);
+                }
+            }
+        }
+        e
+    }
+
     /// Remote attributes of an inode, through the cache.
     async fn fetch_attrs(&self, ino: Ino) -> FsResult<CachedAttrs> {
         if let Some(a) = self.cache.lock().unwrap().get_attrs(ino) {
@@ -916,6 +941,12 @@ impl<R: Remote> Fs<R> {
         req: SetattrRequest,
     ) -> FsResult<Attr> {
         self.check_writable("setattr")?;
+        if let Some(size) = req.size.filter(|&s| past_max_offset(s, 0)) {
+            return Err(FsError::new(
+                libc::EFBIG,
+                format!("truncate to {size}: past the largest offset"),
+            ));
+        }
         let path = self.path_of(ino);
         let file = fh
             .and_then(|fh| self.files.lock().unwrap().get(&fh).cloned())
@@ -1014,7 +1045,10 @@ impl<R: Remote> Fs<R> {
                     quota.unreserve(ino, old);
                 }
                 let target = path.clone().unwrap_or_else(|_| self.root.clone());
-                return Err(self.explain(op, e, &target, None).await);
+                return Err(match req.size {
+                    Some(size) => self.explain_sized(op, e, &target, size).await,
+                    None => self.explain(op, e, &target, None).await,
+                });
             }
         }
         // Only the mode (without set-id bits) or times changed and we know the rest: the new
@@ -1571,6 +1605,12 @@ impl<R: Remote> Fs<R> {
         let queued = (|| {
             self.check_writable("write")?;
             let file = self.file(fh)?;
+            if !data.is_empty() && past_max_offset(offset, data.len() as u64) {
+                return Err(FsError::new(
+                    libc::EFBIG,
+                    format!("write of {} bytes at {offset}: past the largest offset", data.len()),
+                ));
+            }
             // Reserve the growth now, in order with the other writes: what does not fit is
             // not written (a short write), and a write of which nothing fits gets ENOSPC.
             let fits = self
@@ -1600,7 +1640,9 @@ impl<R: Remote> Fs<R> {
                 }
                 Ok(Err(e)) => {
                     let path = this.path_of(file.ino).unwrap_or_else(|_| this.root.clone());
-                    Err(this.explain(Op::Write, e, &path, None).await)
+                    Err(this
+                        .explain_sized(Op::Write, e, &path, file.failed_end())
+                        .await)
                 }
                 Err(_) => Err(FsError::new(libc::EIO, "writer stopped")),
             }
@@ -1612,7 +1654,9 @@ impl<R: Remote> Fs<R> {
         let file = self.file(fh)?;
         if let Err(e) = file.drain(self).await {
             let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
-            return Err(self.explain(Op::Write, e, &path, None).await);
+            return Err(self
+                .explain_sized(Op::Write, e, &path, file.failed_end())
+                .await);
         }
         Ok(())
     }

@@ -188,6 +188,7 @@ fn errno_name(errno: i32) -> String {
         libc::EBADF => "EBADF",
         libc::ENOSPC => "ENOSPC",
         libc::EXDEV => "EXDEV",
+        libc::EFBIG => "EFBIG",
         _ => "?",
     };
     format!("{name}({errno})")
@@ -2184,4 +2185,68 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
         );
     }
     assert!(!h.disk("ro").exists());
+}
+
+/// A write or truncate that would end past the largest file the server can hold is EFBIG, as
+/// pwrite(2)/ftruncate(2) say on a local disk, not EIO or EINVAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
+    const NEAR_MAX: u64 = (1 << 63) - 2;
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    // The server's own refusal (this disk's largest file is far smaller), reported at flush
+    // (write-behind) as a local pwrite would report it at once.
+    let _ = h.fs.write(fh, NEAR_MAX, b"x").await;
+    assert_errno(h.fs.flush(fh).await, libc::EFBIG, "flush after pwrite at 2^63-2");
+    // Through the handle and by path.
+    for fh in [Some(fh), None] {
+        assert_errno(
+            h.fs.setattr(
+                f,
+                fh,
+                SetattrRequest {
+                    size: Some(NEAR_MAX),
+                    ..Default::default()
+                },
+            )
+            .await,
+            libc::EFBIG,
+            &format!("truncate to 2^63-2 (fh {fh:?})"),
+        );
+    }
+    // OpenSSH's sftp-server seeks first, and says EINVAL (BAD_MESSAGE) for such an offset.
+    h.plan.fail_next(
+        ROp::Write,
+        1,
+        RemoteError::Status(Status::BadMessage, "Invalid argument".into()),
+    );
+    let _ = h.fs.write(fh, NEAR_MAX, b"x").await;
+    assert_errno(h.fs.flush(fh).await, libc::EFBIG, "sftp-server's EINVAL");
+    // Past the largest offset a file can have at all: refused before asking.
+    let calls = h.plan.total_calls();
+    assert_errno(
+        h.fs.write(fh, i64::MAX as u64, b"xy").await,
+        libc::EFBIG,
+        "write ending past i64::MAX",
+    );
+    assert_errno(
+        h.fs.setattr(
+            f,
+            Some(fh),
+            SetattrRequest {
+                size: Some(1 << 63),
+                ..Default::default()
+            },
+        )
+        .await,
+        libc::EFBIG,
+        "truncate past i64::MAX",
+    );
+    assert_eq!(h.plan.total_calls(), calls, "nothing was sent");
+    // An ordinary write failure stays EIO.
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    let _ = h.fs.write(fh, 0, b"x").await;
+    assert_errno(h.fs.flush(fh).await, libc::EIO, "an ordinary failure");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").len(), 0);
 }
