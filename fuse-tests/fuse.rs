@@ -2434,3 +2434,17 @@ fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
     drop(f);
     assert_eq!(fs::metadata(m.e("big")).unwrap().len(), 0);
 }
+
+/// fstat of a descriptor whose file was unlinked through the mount: st_nlink 0.
+#[test]
+fn posix_unlinked_open_file_has_nlink_0() {
+    let m = TestMount::start(&[NO_CACHE]);
+    let mut f = File::create(m.p("f")).unwrap();
+    f.write_all(b"data").unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    fs::remove_file(m.p("f")).unwrap();
+    let s = f.metadata().unwrap();
+    assert_eq!((s.nlink(), s.len()), (0, 4), "fstat after unlink");
+    f.set_len(1).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0, "after ftruncate");
+}

@@ -89,6 +89,12 @@ impl InodeTable {
         self.nodes.get(&ino).map(|n| n.kind)
     }
 
+    /// Whether `ino` lost its name (removed or replaced through the mount, or found replaced)
+    /// while the kernel still references it.
+    pub fn is_detached(&self, ino: Ino) -> bool {
+        self.nodes.get(&ino).is_some_and(|n| n.detached)
+    }
+
     /// The directory and name an inode is currently known under.
     pub fn name_of(&self, ino: Ino) -> Option<(Ino, OsString)> {
         let node = self.nodes.get(&ino)?;

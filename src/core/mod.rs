@@ -399,6 +399,7 @@ impl<R: Remote> Fs<R> {
     }
 
     fn make_attr(&self, ino: Ino, a: &Attrs, nlink: Option<u32>) -> Attr {
+        let detached = self.inodes.lock().unwrap().is_detached(ino);
         let kind = a.file_type();
         let size = a.size.unwrap_or(0);
         let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
@@ -419,8 +420,9 @@ impl<R: Remote> Fs<R> {
             ctime: to_system_time(a.mtime),
             kind,
             perm: (a.mode.unwrap_or(0) & 0o7777) as u16,
-            // SFTP v3 has no link count; 1 tells find(1) not to use the leaf optimisation.
-            nlink: nlink.unwrap_or(1),
+            // SFTP v3 has no link count; 1 tells find(1) not to use the leaf optimisation. A
+            // file the mount removed (open, then unlinked) has none left, as on a local disk.
+            nlink: if detached { 0 } else { nlink.unwrap_or(1) },
             uid,
             gid,
         }

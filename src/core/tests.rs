@@ -2250,3 +2250,38 @@ async fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.meta("f").len(), 0);
 }
+
+/// fstat(2) of a file that is open and was unlinked shows no links left (st_nlink 0), as on a
+/// local disk; the name still there shows 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_unlinked_open_file_has_nlink_0() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"data").await;
+    assert_eq!(h.fs.getattr(f, Some(fh)).await.unwrap().0.nlink, 1);
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert_eq!(h.fs.getattr(f, Some(fh)).await.unwrap().0.nlink, 0, "with fh");
+    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.nlink, 0, "without fh");
+    let a =
+        h.fs.setattr(
+            f,
+            Some(fh),
+            SetattrRequest {
+                size: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((a.size, a.nlink), (2, 0), "setattr reply");
+    // A file renamed over: the replaced one is gone too.
+    let (g, gfh) = h.create(ROOT, "g").await;
+    let (_, hfh) = h.create(ROOT, "h").await;
+    h.fs.rename(ROOT, os("h"), ROOT, os("g"), 0).await.unwrap();
+    assert_eq!(h.fs.getattr(g, Some(gfh)).await.unwrap().0.nlink, 0, "replaced");
+    let new_g = h.lookup(ROOT, "g").await;
+    assert_eq!(h.fs.getattr(new_g, None).await.unwrap().0.nlink, 1, "the new g");
+    for fh in [fh, gfh, hfh] {
+        h.fs.release(fh).await.unwrap();
+    }
+}
