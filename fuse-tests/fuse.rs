@@ -2448,3 +2448,35 @@ fn posix_unlinked_open_file_has_nlink_0() {
     f.set_len(1).unwrap();
     assert_eq!(f.metadata().unwrap().nlink(), 0, "after ftruncate");
 }
+
+/// `-o follow_symlinks`: a symlink made through the mount stays a symlink while the kernel
+/// holds it, so `lchown` of it works (its reply used to carry the target's type: the kernel
+/// marked the inode bad, EIO) and a second look still shows a link; a link the mount sees
+/// for the first time is followed.
+#[test]
+fn posix_follow_symlinks_lchown_of_a_new_symlink() {
+    for opts in [&[NO_CACHE, "follow_symlinks"][..], &["follow_symlinks"][..]] {
+        let m = TestMount::start(opts);
+        // (Made on the server before the mount caches anything.)
+        std::os::unix::fs::symlink("f", m.e("server_link")).unwrap();
+        File::create(m.p("f")).unwrap();
+        std::os::unix::fs::symlink("f", m.p("l")).unwrap();
+        assert!(fs::symlink_metadata(m.p("l")).unwrap().file_type().is_symlink());
+        std::os::unix::fs::lchown(m.p("l"), Some(4444), Some(4444))
+            .unwrap_or_else(|e| panic!("lchown ({opts:?}): {e}"));
+        let s = fs::symlink_metadata(m.e("l")).unwrap();
+        assert_eq!((s.uid(), s.gid()), (4444, 4444), "server link");
+        assert_ne!(fs::metadata(m.e("f")).unwrap().uid(), 4444, "server target");
+        let s = fs::symlink_metadata(m.p("l")).unwrap();
+        assert!(s.file_type().is_symlink(), "second look ({opts:?})");
+        assert_eq!((s.uid(), s.gid()), (4444, 4444), "mount");
+        assert_eq!(fs::read_link(m.p("l")).unwrap(), Path::new("f"));
+        // Through the link: the file.
+        fs::write(m.p("l"), b"via link").unwrap();
+        assert_eq!(fs::read(m.e("f")).unwrap(), b"via link");
+        // A link made on the server is followed.
+        let s = fs::symlink_metadata(m.p("server_link")).unwrap();
+        assert!(s.is_file(), "followed ({opts:?})");
+        assert_eq!(s.len(), 8);
+    }
+}

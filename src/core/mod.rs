@@ -695,7 +695,29 @@ impl<R: Remote> Fs<R> {
         }
         let path = self.path_of(ino)?;
         let since = self.cache.lock().unwrap().now();
-        match self.stat_path(&path).await {
+        // An inode keeps the kind it was first shown with (the kernel refuses a change of
+        // type and marks the inode bad): one made as a link is the link, never followed.
+        let kind = self.inodes.lock().unwrap().kind(ino);
+        let stat = if kind == Some(FileKind::Symlink) {
+            self.remote.lstat(&path).await
+        } else {
+            self.stat_path(&path).await
+        };
+        match stat {
+            Ok(attrs) if kind.is_some_and(|k| k != attrs.file_type()) => {
+                // Replaced by an object of another type, or a followed link that no longer
+                // resolves: not what this inode stands for. ESTALE makes the kernel look the
+                // name up again (a new inode) for path-based calls.
+                Err(FsError::new(
+                    libc::ESTALE,
+                    format!(
+                        "{}: now a {:?}, inode {ino} was a {:?}",
+                        path.display(),
+                        attrs.file_type(),
+                        kind.unwrap_or(FileKind::File)
+                    ),
+                ))
+            }
             Ok(attrs) => {
                 let cached = CachedAttrs { attrs, nlink: None };
                 self.cache_attrs_from(ino, cached, since);
@@ -768,6 +790,13 @@ impl<R: Remote> Fs<R> {
 
     pub async fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
         let path = self.child_path(parent, name)?;
+        // A name the kernel knows as a symlink stays one while it holds the inode (it made
+        // it with symlink(2), or saw it unfollowed): follow_symlinks and resource links apply
+        // to names seen for the first time.
+        let known_link = {
+            let inodes = self.inodes.lock().unwrap();
+            inodes.child(parent, name).and_then(|i| inodes.kind(i)) == Some(FileKind::Symlink)
+        };
         let since = {
             let mut cache = self.cache.lock().unwrap();
             let since = cache.now();
@@ -783,6 +812,7 @@ impl<R: Remote> Fs<R> {
                 Some(Some(e))
                     if e.attrs.size.is_some()
                         && !(e.attrs.file_type() == FileKind::Symlink
+                            && !known_link
                             && (follow || (parent == ROOT_INO && self.maybe_resource(name)))) =>
                 {
                     drop(cache);
@@ -812,6 +842,7 @@ impl<R: Remote> Fs<R> {
                     Some(e)
                         if e.attrs.size.is_some()
                             && !(e.attrs.file_type() == FileKind::Symlink
+                                && !known_link
                                 && (follow
                                     || (parent == ROOT_INO && self.maybe_resource(name)))) =>
                     {
@@ -821,7 +852,12 @@ impl<R: Remote> Fs<R> {
                 }
             }
         }
-        match self.stat_path(&path).await {
+        let stat = if known_link {
+            self.remote.lstat(&path).await
+        } else {
+            self.stat_path(&path).await
+        };
+        match stat {
             Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
                 self.cache.lock().unwrap().put_negative(parent, name);

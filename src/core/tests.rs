@@ -189,6 +189,7 @@ fn errno_name(errno: i32) -> String {
         libc::ENOSPC => "ENOSPC",
         libc::EXDEV => "EXDEV",
         libc::EFBIG => "EFBIG",
+        libc::ESTALE => "ESTALE",
         _ => "?",
     };
     format!("{name}({errno})")
@@ -2284,4 +2285,115 @@ async fn posix_unlinked_open_file_has_nlink_0() {
     for fh in [fh, gfh, hfh] {
         h.fs.release(fh).await.unwrap();
     }
+}
+
+/// With follow_symlinks, an inode keeps the kind it was first shown with in every later
+/// answer: a link made through the mount is a symlink (the kernel insists on it in the reply
+/// to symlink(2)) for as long as the kernel holds it, through lookups, getattr and setattr
+/// (lchown of it is applied to the link and answered as a link); a link first seen followed
+/// stays its target. The kernel marks an inode whose type changes bad (EIO).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_follow_symlinks_inode_kind_never_changes() {
+    let h = Harness::with(
+        FsConfig {
+            follow_symlinks: true,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.fs.release(fh).await.unwrap();
+    let made = h.fs.symlink(ROOT, os("l"), Path::new("f")).await.unwrap().attr;
+    assert_eq!(made.kind, FileKind::Symlink, "symlink reply");
+    let l = made.ino;
+    let mut c = Checks::default();
+    let e = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    c.check(
+        &format!("lookup: {:?} inode {}, want Symlink inode {l}", e.kind, e.ino),
+        (e.ino, e.kind) == (l, FileKind::Symlink),
+    );
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    for item in h.fs.readdir(dh, 0).unwrap() {
+        if item.name == "l" {
+            let e = h.fs.readdirplus_entry(ROOT, &item).await.unwrap().attr;
+            c.check(
+                &format!("readdirplus: {:?} inode {}", e.kind, e.ino),
+                (e.ino, e.kind) == (l, FileKind::Symlink),
+            );
+            h.fs.forget(e.ino, 1);
+        }
+    }
+    h.fs.releasedir(dh);
+    let a = h.fs.getattr(l, None).await.unwrap().0;
+    c.check(&format!("getattr: {:?}", a.kind), a.kind == FileKind::Symlink);
+    // lchown("l", 4444, 4444)
+    let set = SetattrRequest {
+        uid: Some(4444),
+        gid: Some(4444),
+        ..Default::default()
+    };
+    match h.fs.setattr(l, None, set).await {
+        Ok(a) => c.check(
+            &format!("setattr reply: {:?} uid {}", a.kind, a.uid),
+            (a.kind, a.uid, a.gid) == (FileKind::Symlink, 4444, 4444),
+        ),
+        Err(e) => c.check(&format!("lchown: {e}"), false),
+    }
+    c.check("lchown changed the link", h.meta("l").uid() == 4444);
+    c.check("lchown left the target", h.meta("f").uid() != 4444);
+    // lutimes too.
+    let set = SetattrRequest {
+        atime: at(1_000_000),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(l, None, set).await.unwrap();
+    c.check(&format!("lutimes reply: {:?}", a.kind), a.kind == FileKind::Symlink);
+    c.finish();
+
+    // Once the kernel forgot it, the name is seen afresh: followed.
+    h.fs.forget(l, 2);
+    let e = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!(e.kind, FileKind::File, "a fresh lookup follows");
+    let followed = e.ino;
+    assert_ne!(followed, l);
+    assert_eq!(
+        h.fs.lookup(ROOT, os("l")).await.unwrap().attr.ino,
+        followed,
+        "the same inode"
+    );
+    let a = h.fs.getattr(followed, None).await.unwrap().0;
+    assert_eq!(a.kind, FileKind::File);
+    // Its target removed: the inode is not turned into a symlink; a new lookup shows the
+    // (now dangling) link as a new inode.
+    std::fs::remove_file(h.disk("f")).unwrap();
+    h.fs.forget(followed, 2);
+    let e = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!(e.kind, FileKind::Symlink, "dangling: the link");
+    std::fs::write(h.disk("f"), b"back").unwrap();
+    let again = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!((again.ino, again.kind), (e.ino, FileKind::Symlink), "still the link");
+}
+
+/// getattr of an inode whose name now holds an object of another type answers ESTALE (the
+/// kernel then looks the name up again) rather than a type the kernel would refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_getattr_of_a_replaced_object_is_estale() {
+    let h = Harness::with(
+        FsConfig {
+            follow_symlinks: true,
+            ..config(CacheConfig {
+                attr_ttl: Duration::ZERO,
+                ..long_ttls()
+            })
+        },
+        None,
+    );
+    std::fs::write(h.disk("t"), b"12345").unwrap();
+    std::os::unix::fs::symlink("t", h.disk("l")).unwrap();
+    let l = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!(l.kind, FileKind::File);
+    std::fs::remove_file(h.disk("t")).unwrap();
+    assert_errno(h.fs.getattr(l.ino, None).await, libc::ESTALE, "dangling now");
+    std::fs::create_dir(h.disk("t")).unwrap();
+    assert_errno(h.fs.getattr(l.ino, None).await, libc::ESTALE, "a directory now");
 }
