@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 use crate::remote::FileKind;
 
@@ -28,6 +29,9 @@ struct Node {
     /// Removed (or replaced by a rename) while still referenced: it has no path any more, only
     /// open handles keep it useful.
     detached: bool,
+    /// When the mount itself last changed the inode's status (attributes, data, names): the
+    /// stand-in for a ctime, which SFTP v3 does not carry. Lives and dies with the inode.
+    changed: Option<SystemTime>,
 }
 
 /// Where an inode currently is.
@@ -64,6 +68,7 @@ impl InodeTable {
                 // The root is never forgotten.
                 lookups: 1,
                 detached: false,
+                changed: None,
             },
         );
         InodeTable {
@@ -93,6 +98,19 @@ impl InodeTable {
     /// while the kernel still references it.
     pub fn is_detached(&self, ino: Ino) -> bool {
         self.nodes.get(&ino).is_some_and(|n| n.detached)
+    }
+
+    /// The mount changed the status of `ino` (chmod, chown, times, size, data, a name) at
+    /// `when`.
+    pub fn status_changed(&mut self, ino: Ino, when: SystemTime) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.changed = Some(node.changed.map_or(when, |t| t.max(when)));
+        }
+    }
+
+    /// When the mount last changed the status of `ino`, if it did while the kernel held it.
+    pub fn last_status_change(&self, ino: Ino) -> Option<SystemTime> {
+        self.nodes.get(&ino).and_then(|n| n.changed)
     }
 
     /// The directory and name an inode is currently known under.
@@ -161,6 +179,7 @@ impl InodeTable {
                 kind,
                 lookups: 1,
                 detached: false,
+                changed: None,
             },
         );
         self.by_name.insert(key, ino);

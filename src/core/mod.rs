@@ -42,7 +42,8 @@ pub struct Attr {
     pub blocks: u64,
     pub atime: SystemTime,
     pub mtime: SystemTime,
-    /// SFTP v3 has no ctime; the mtime stands in for it.
+    /// SFTP v3 has no ctime: the later of the mtime and the last status change the mount
+    /// itself made (see `InodeTable::status_changed`).
     pub ctime: SystemTime,
     pub kind: FileKind,
     pub perm: u16,
@@ -399,7 +400,11 @@ impl<R: Remote> Fs<R> {
     }
 
     fn make_attr(&self, ino: Ino, a: &Attrs, nlink: Option<u32>) -> Attr {
-        let detached = self.inodes.lock().unwrap().is_detached(ino);
+        let (detached, changed) = {
+            let inodes = self.inodes.lock().unwrap();
+            (inodes.is_detached(ino), inodes.last_status_change(ino))
+        };
+        let mtime = to_system_time(a.mtime);
         let kind = a.file_type();
         let size = a.size.unwrap_or(0);
         let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
@@ -416,8 +421,8 @@ impl<R: Remote> Fs<R> {
             size,
             blocks: size.div_ceil(512),
             atime: to_system_time(a.atime),
-            mtime: to_system_time(a.mtime),
-            ctime: to_system_time(a.mtime),
+            mtime,
+            ctime: changed.map_or(mtime, |c| c.max(mtime)),
             kind,
             perm: (a.mode.unwrap_or(0) & 0o7777) as u16,
             // SFTP v3 has no link count; 1 tells find(1) not to use the leaf optimisation. A
@@ -754,6 +759,14 @@ impl<R: Remote> Fs<R> {
         }
     }
 
+    /// The mount changed the status of `ino` just now: its ctime moves (see `Attr::ctime`).
+    fn status_changed(&self, ino: Ino) {
+        self.inodes
+            .lock()
+            .unwrap()
+            .status_changed(ino, SystemTime::now());
+    }
+
     /// Register an inode for `name` in `parent` with attributes learnt when the change clock
     /// read `since`. Attributes the mount changed since then are not trusted: the cached ones
     /// (from our own change) are shown, or the size still being written.
@@ -1088,6 +1101,7 @@ impl<R: Remote> Fs<R> {
                     None => self.explain(op, e, &target, None).await,
                 });
             }
+            self.status_changed(ino);
         }
         // Only the mode (without set-id bits) or times changed and we know the rest: the new
         // attributes are known without asking. A size change also moves the mtime, and a
@@ -1273,7 +1287,14 @@ impl<R: Remote> Fs<R> {
     }
 
     fn removed(&self, parent: Ino, name: &OsStr) {
-        let ino = self.inodes.lock().unwrap().detach_name(parent, name);
+        let ino = {
+            // It lost a name: its status changed (seen through descriptors still open).
+            let mut inodes = self.inodes.lock().unwrap();
+            if let Some(ino) = inodes.child(parent, name) {
+                inodes.status_changed(ino, SystemTime::now());
+            }
+            inodes.detach_name(parent, name)
+        };
         let mut cache = self.cache.lock().unwrap();
         cache.name_removed(parent, name);
         if let Some(ino) = ino {
@@ -1352,10 +1373,18 @@ impl<R: Remote> Fs<R> {
         if let Some((target_ino, size)) = replaced {
             self.enforcer.quota.release_entry(target_ino, size);
         }
-        self.inodes
-            .lock()
-            .unwrap()
-            .rename(parent, name, new_parent, new_name);
+        {
+            // The moved object and a replaced one change status (a name came or went).
+            let now = SystemTime::now();
+            let mut inodes = self.inodes.lock().unwrap();
+            for ino in [inodes.child(parent, name), inodes.child(new_parent, new_name)]
+                .into_iter()
+                .flatten()
+            {
+                inodes.status_changed(ino, now);
+            }
+            inodes.rename(parent, name, new_parent, new_name);
+        }
         let mut cache = self.cache.lock().unwrap();
         cache.name_removed(new_parent, new_name);
         match cache.name_removed(parent, name) {
@@ -1393,6 +1422,7 @@ impl<R: Remote> Fs<R> {
             self.enforcer.quota.release_entry(None, size);
             return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
         }
+        self.status_changed(ino);
         self.attrs_changed(ino, None);
         self.finish_create(new_parent, new_name, &new, None, None)
             .await
@@ -1411,6 +1441,7 @@ impl<R: Remote> Fs<R> {
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
         };
         if flags.truncate {
+            self.status_changed(ino);
             self.attrs_changed(ino, None);
             if self.enforcer.quota.knows(ino) {
                 // Truncated to nothing: what it held is given back.
@@ -1662,6 +1693,7 @@ impl<R: Remote> Fs<R> {
             if !file.submit_write(self, offset, data, done) {
                 return Err(FsError::new(libc::EBADF, "file is being closed"));
             }
+            self.status_changed(file.ino);
             self.attrs_changed(file.ino, None);
             Ok((file, rx))
         })();

@@ -2397,3 +2397,100 @@ async fn posix_getattr_of_a_replaced_object_is_estale() {
     std::fs::create_dir(h.disk("t")).unwrap();
     assert_errno(h.fs.getattr(l.ino, None).await, libc::ESTALE, "a directory now");
 }
+
+/// ctime: SFTP v3 has none, so the core stands in for it with the later of the server's mtime
+/// and the last status change it made itself. Each of chmod, chown, utimens, truncate,
+/// write, rename, link and unlink must move it, as on a local disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_ctime_advances_on_every_status_change() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"0123456789").unwrap();
+    let old = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(h.disk("f"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let ctime = |fh: Option<u64>| {
+        let fs = h.fs.clone();
+        async move { fs.getattr(f, fh).await.unwrap().0.ctime }
+    };
+    assert_eq!(ctime(None).await, old, "untouched: the mtime");
+    let mut last = old;
+    let mut c = Checks::default();
+    let mut step = |what: &str, before: SystemTime, now: SystemTime| {
+        c.check(
+            &format!("{what}: ctime {now:?}, want after {before:?} and {last:?}"),
+            now >= before && now > last,
+        );
+        last = now;
+    };
+    let setattr = |req: SetattrRequest| {
+        let fs = h.fs.clone();
+        async move { fs.setattr(f, None, req).await.unwrap().ctime }
+    };
+
+    let t = SystemTime::now();
+    let reply = setattr(SetattrRequest {
+        mode: Some(libc::S_IFREG | 0o600),
+        ..Default::default()
+    })
+    .await;
+    step("chmod", t, reply);
+    assert_eq!(ctime(None).await, reply, "getattr after chmod shows the reply's ctime");
+    let t = SystemTime::now();
+    let me = h.meta("f");
+    setattr(SetattrRequest {
+        uid: Some(me.uid()),
+        gid: Some(me.gid()),
+        ..Default::default()
+    })
+    .await;
+    step("chown", t, ctime(None).await);
+    let t = SystemTime::now();
+    setattr(SetattrRequest {
+        atime: at(2_000_000),
+        mtime: at(2_000_000),
+        ..Default::default()
+    })
+    .await;
+    step("utimens into the past", t, ctime(None).await);
+    let t = SystemTime::now();
+    setattr(SetattrRequest {
+        size: Some(4),
+        ..Default::default()
+    })
+    .await;
+    step("truncate", t, ctime(None).await);
+    let fh = h.open(f, libc::O_RDWR).await;
+    h.fs.flush(fh).await.unwrap();
+    let t = SystemTime::now();
+    h.write(fh, 0, b"w").await;
+    h.fs.flush(fh).await.unwrap();
+    step("write", t, ctime(Some(fh)).await);
+    let t = SystemTime::now();
+    h.fs.rename(ROOT, os("f"), ROOT, os("g"), 0).await.unwrap();
+    step("rename", t, ctime(None).await);
+    let t = SystemTime::now();
+    let link = h.fs.link(f, ROOT, os("h")).await.unwrap().attr.ino;
+    step("link", t, ctime(None).await);
+    let t = SystemTime::now();
+    h.fs.unlink(ROOT, os("g")).await.unwrap();
+    step("unlink (fstat)", t, ctime(Some(fh)).await);
+    c.finish();
+    h.fs.release(fh).await.unwrap();
+
+    // What is recorded goes with the inode: forgotten, the next one shows the mtime again.
+    h.fs.forget(f, 1);
+    h.fs.forget(link, 1);
+    std::fs::File::options()
+        .write(true)
+        .open(h.disk("h"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let e = h.fs.lookup(ROOT, os("h")).await.unwrap().attr;
+    assert_eq!((e.mtime, e.ctime), (old, old), "a new inode");
+}
