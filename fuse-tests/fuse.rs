@@ -2363,7 +2363,10 @@ fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
     fs::create_dir(m.p("sg")).unwrap();
     std::os::unix::fs::chown(m.p("sg"), None, Some(4242)).unwrap();
     fs::set_permissions(m.p("sg"), fs::Permissions::from_mode(0o2775)).unwrap();
-    fs::DirBuilder::new().mode(0o755).create(m.p("sg/s")).unwrap();
+    fs::DirBuilder::new()
+        .mode(0o755)
+        .create(m.p("sg/s"))
+        .unwrap();
     let s = fs::metadata(m.p("sg/s")).unwrap();
     assert_eq!((s.mode() & 0o7777, s.gid()), (0o2755, 4242), "mount");
     let s = fs::metadata(m.e("sg/s")).unwrap();
@@ -2419,7 +2422,11 @@ fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
     let local = File::options().write(true).open(m.e("big")).unwrap();
     let local_write = errno_of(local.write_at(b"x", NEAR_MAX));
     let local_truncate = errno_of(local.set_len(NEAR_MAX));
-    assert_eq!((local_write, local_truncate), (libc::EFBIG, libc::EFBIG), "local disk");
+    assert_eq!(
+        (local_write, local_truncate),
+        (libc::EFBIG, libc::EFBIG),
+        "local disk"
+    );
     let got = match f.write_at(b"x", NEAR_MAX) {
         Ok(_) => errno_of(f.sync_all()),
         Err(e) => e.raw_os_error().unwrap_or(-1),
@@ -2461,7 +2468,10 @@ fn posix_follow_symlinks_lchown_of_a_new_symlink() {
         std::os::unix::fs::symlink("f", m.e("server_link")).unwrap();
         File::create(m.p("f")).unwrap();
         std::os::unix::fs::symlink("f", m.p("l")).unwrap();
-        assert!(fs::symlink_metadata(m.p("l")).unwrap().file_type().is_symlink());
+        assert!(fs::symlink_metadata(m.p("l"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
         std::os::unix::fs::lchown(m.p("l"), Some(4444), Some(4444))
             .unwrap_or_else(|e| panic!("lchown ({opts:?}): {e}"));
         let s = fs::symlink_metadata(m.e("l")).unwrap();

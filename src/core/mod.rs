@@ -1377,9 +1377,12 @@ impl<R: Remote> Fs<R> {
             // The moved object and a replaced one change status (a name came or went).
             let now = SystemTime::now();
             let mut inodes = self.inodes.lock().unwrap();
-            for ino in [inodes.child(parent, name), inodes.child(new_parent, new_name)]
-                .into_iter()
-                .flatten()
+            for ino in [
+                inodes.child(parent, name),
+                inodes.child(new_parent, new_name),
+            ]
+            .into_iter()
+            .flatten()
             {
                 inodes.status_changed(ino, now);
             }
@@ -1677,7 +1680,10 @@ impl<R: Remote> Fs<R> {
             if !data.is_empty() && past_max_offset(offset, data.len() as u64) {
                 return Err(FsError::new(
                     libc::EFBIG,
-                    format!("write of {} bytes at {offset}: past the largest offset", data.len()),
+                    format!(
+                        "write of {} bytes at {offset}: past the largest offset",
+                        data.len()
+                    ),
                 ));
             }
             // Reserve the growth now, in order with the other writes: what does not fit is

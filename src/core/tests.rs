@@ -2137,15 +2137,27 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
         h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK)
             .await
             .expect("mknod S_IFREG");
-    assert_eq!((e.attr.kind, e.attr.perm, e.attr.size), (FileKind::File, 0o640, 0));
+    assert_eq!(
+        (e.attr.kind, e.attr.perm, e.attr.size),
+        (FileKind::File, 0o640, 0)
+    );
     let m = h.meta("r");
     assert!(m.is_file());
     assert_eq!((m.mode() & 0o7777, m.len()), (0o640, 0));
-    assert_eq!(h.lookup(ROOT, "r").await, e.attr.ino, "the entry answered is the file");
-    assert_eq!(h.fs.open_file_count(), 0, "the handle of the create was closed");
+    assert_eq!(
+        h.lookup(ROOT, "r").await,
+        e.attr.ino,
+        "the entry answered is the file"
+    );
+    assert_eq!(
+        h.fs.open_file_count(),
+        0,
+        "the handle of the create was closed"
+    );
     assert_eq!(h.open_handles().await, 0);
     assert_errno(
-        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK).await,
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK)
+            .await,
         libc::EEXIST,
         "mknod over an existing file",
     );
@@ -2170,7 +2182,8 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
         .await
         .expect("mknod within the quota");
     assert_errno(
-        h.fs.mknod(ROOT, os("over"), libc::S_IFREG | 0o644, UMASK).await,
+        h.fs.mknod(ROOT, os("over"), libc::S_IFREG | 0o644, UMASK)
+            .await,
         libc::ENOSPC,
         "mknod over the file quota",
     );
@@ -2198,7 +2211,11 @@ async fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
     // The server's own refusal (this disk's largest file is far smaller), reported at flush
     // (write-behind) as a local pwrite would report it at once.
     let _ = h.fs.write(fh, NEAR_MAX, b"x").await;
-    assert_errno(h.fs.flush(fh).await, libc::EFBIG, "flush after pwrite at 2^63-2");
+    assert_errno(
+        h.fs.flush(fh).await,
+        libc::EFBIG,
+        "flush after pwrite at 2^63-2",
+    );
     // Through the handle and by path.
     for fh in [Some(fh), None] {
         assert_errno(
@@ -2261,8 +2278,16 @@ async fn posix_unlinked_open_file_has_nlink_0() {
     h.write(fh, 0, b"data").await;
     assert_eq!(h.fs.getattr(f, Some(fh)).await.unwrap().0.nlink, 1);
     h.fs.unlink(ROOT, os("f")).await.unwrap();
-    assert_eq!(h.fs.getattr(f, Some(fh)).await.unwrap().0.nlink, 0, "with fh");
-    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.nlink, 0, "without fh");
+    assert_eq!(
+        h.fs.getattr(f, Some(fh)).await.unwrap().0.nlink,
+        0,
+        "with fh"
+    );
+    assert_eq!(
+        h.fs.getattr(f, None).await.unwrap().0.nlink,
+        0,
+        "without fh"
+    );
     let a =
         h.fs.setattr(
             f,
@@ -2279,9 +2304,17 @@ async fn posix_unlinked_open_file_has_nlink_0() {
     let (g, gfh) = h.create(ROOT, "g").await;
     let (_, hfh) = h.create(ROOT, "h").await;
     h.fs.rename(ROOT, os("h"), ROOT, os("g"), 0).await.unwrap();
-    assert_eq!(h.fs.getattr(g, Some(gfh)).await.unwrap().0.nlink, 0, "replaced");
+    assert_eq!(
+        h.fs.getattr(g, Some(gfh)).await.unwrap().0.nlink,
+        0,
+        "replaced"
+    );
     let new_g = h.lookup(ROOT, "g").await;
-    assert_eq!(h.fs.getattr(new_g, None).await.unwrap().0.nlink, 1, "the new g");
+    assert_eq!(
+        h.fs.getattr(new_g, None).await.unwrap().0.nlink,
+        1,
+        "the new g"
+    );
     for fh in [fh, gfh, hfh] {
         h.fs.release(fh).await.unwrap();
     }
@@ -2303,13 +2336,20 @@ async fn posix_follow_symlinks_inode_kind_never_changes() {
     );
     let (_, fh) = h.create(ROOT, "f").await;
     h.fs.release(fh).await.unwrap();
-    let made = h.fs.symlink(ROOT, os("l"), Path::new("f")).await.unwrap().attr;
+    let made =
+        h.fs.symlink(ROOT, os("l"), Path::new("f"))
+            .await
+            .unwrap()
+            .attr;
     assert_eq!(made.kind, FileKind::Symlink, "symlink reply");
     let l = made.ino;
     let mut c = Checks::default();
     let e = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
     c.check(
-        &format!("lookup: {:?} inode {}, want Symlink inode {l}", e.kind, e.ino),
+        &format!(
+            "lookup: {:?} inode {}, want Symlink inode {l}",
+            e.kind, e.ino
+        ),
         (e.ino, e.kind) == (l, FileKind::Symlink),
     );
     let dh = h.fs.opendir(ROOT).await.unwrap();
@@ -2325,7 +2365,10 @@ async fn posix_follow_symlinks_inode_kind_never_changes() {
     }
     h.fs.releasedir(dh);
     let a = h.fs.getattr(l, None).await.unwrap().0;
-    c.check(&format!("getattr: {:?}", a.kind), a.kind == FileKind::Symlink);
+    c.check(
+        &format!("getattr: {:?}", a.kind),
+        a.kind == FileKind::Symlink,
+    );
     // lchown("l", 4444, 4444)
     let set = SetattrRequest {
         uid: Some(4444),
@@ -2347,7 +2390,10 @@ async fn posix_follow_symlinks_inode_kind_never_changes() {
         ..Default::default()
     };
     let a = h.fs.setattr(l, None, set).await.unwrap();
-    c.check(&format!("lutimes reply: {:?}", a.kind), a.kind == FileKind::Symlink);
+    c.check(
+        &format!("lutimes reply: {:?}", a.kind),
+        a.kind == FileKind::Symlink,
+    );
     c.finish();
 
     // Once the kernel forgot it, the name is seen afresh: followed.
@@ -2371,7 +2417,11 @@ async fn posix_follow_symlinks_inode_kind_never_changes() {
     assert_eq!(e.kind, FileKind::Symlink, "dangling: the link");
     std::fs::write(h.disk("f"), b"back").unwrap();
     let again = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
-    assert_eq!((again.ino, again.kind), (e.ino, FileKind::Symlink), "still the link");
+    assert_eq!(
+        (again.ino, again.kind),
+        (e.ino, FileKind::Symlink),
+        "still the link"
+    );
 }
 
 /// getattr of an inode whose name now holds an object of another type answers ESTALE (the
@@ -2393,9 +2443,17 @@ async fn posix_getattr_of_a_replaced_object_is_estale() {
     let l = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
     assert_eq!(l.kind, FileKind::File);
     std::fs::remove_file(h.disk("t")).unwrap();
-    assert_errno(h.fs.getattr(l.ino, None).await, libc::ESTALE, "dangling now");
+    assert_errno(
+        h.fs.getattr(l.ino, None).await,
+        libc::ESTALE,
+        "dangling now",
+    );
     std::fs::create_dir(h.disk("t")).unwrap();
-    assert_errno(h.fs.getattr(l.ino, None).await, libc::ESTALE, "a directory now");
+    assert_errno(
+        h.fs.getattr(l.ino, None).await,
+        libc::ESTALE,
+        "a directory now",
+    );
 }
 
 /// ctime: SFTP v3 has none, so the core stands in for it with the later of the server's mtime
@@ -2439,7 +2497,11 @@ async fn posix_ctime_advances_on_every_status_change() {
     })
     .await;
     step("chmod", t, reply);
-    assert_eq!(ctime(None).await, reply, "getattr after chmod shows the reply's ctime");
+    assert_eq!(
+        ctime(None).await,
+        reply,
+        "getattr after chmod shows the reply's ctime"
+    );
     let t = SystemTime::now();
     let me = h.meta("f");
     setattr(SetattrRequest {
