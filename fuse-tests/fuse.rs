@@ -2517,3 +2517,188 @@ fn daemon_changes_to_the_root_directory() {
          fails with EBUSY while the mount lives"
     );
 }
+
+// ------------------------------------------------------------------ POSIX details
+//
+// Differences a differential probe (the same system calls on a local directory and on the
+// mount) found; each test asserts what the local directory gives.
+
+/// `mkdir` in a setgid directory: the new directory inherits S_ISGID and the group.
+#[test]
+fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
+    use std::os::unix::fs::DirBuilderExt;
+    let m = TestMount::start(&[NO_CACHE]);
+    fs::create_dir(m.p("sg")).unwrap();
+    std::os::unix::fs::chown(m.p("sg"), None, Some(4242)).unwrap();
+    fs::set_permissions(m.p("sg"), fs::Permissions::from_mode(0o2775)).unwrap();
+    fs::DirBuilder::new()
+        .mode(0o755)
+        .create(m.p("sg/s"))
+        .unwrap();
+    let s = fs::metadata(m.p("sg/s")).unwrap();
+    assert_eq!((s.mode() & 0o7777, s.gid()), (0o2755, 4242), "mount");
+    let s = fs::metadata(m.e("sg/s")).unwrap();
+    assert_eq!((s.mode() & 0o7777, s.gid()), (0o2755, 4242), "server");
+}
+
+fn mknod(p: &Path, mode: libc::mode_t) -> io::Result<()> {
+    let c = cpath(p);
+    // SAFETY: valid NUL-terminated path.
+    last_os_error(unsafe { libc::mknod(c.as_ptr(), mode, 0) })
+}
+
+/// `mknod(S_IFREG)` creates an empty regular file; special files stay EPERM.
+#[test]
+fn posix_mknod_of_a_regular_file_creates_it() {
+    let m = TestMount::start(&[NO_CACHE]);
+    mknod(&m.p("r"), libc::S_IFREG | 0o640).unwrap();
+    let s = fs::symlink_metadata(m.p("r")).unwrap();
+    assert!(s.is_file(), "mount: {:o}", s.mode());
+    assert_eq!((s.mode() & 0o7777, s.len()), (0o640, 0));
+    let s = fs::symlink_metadata(m.e("r")).unwrap();
+    assert!(s.is_file(), "server: {:o}", s.mode());
+    assert_eq!((s.mode() & 0o7777, s.len()), (0o640, 0));
+    // Without a type, mknod makes a regular file too.
+    mknod(&m.p("untyped"), 0o600).unwrap();
+    assert!(fs::symlink_metadata(m.e("untyped")).unwrap().is_file());
+    fs::write(m.p("r"), b"usable").unwrap();
+    assert_eq!(fs::read(m.e("r")).unwrap(), b"usable");
+    assert_errno(
+        mknod(&m.p("r"), libc::S_IFREG | 0o640),
+        libc::EEXIST,
+        "mknod over an existing file",
+    );
+    assert_errno(mkfifo(&m.p("fifo")), libc::EPERM, "mkfifo");
+    assert!(!m.e("fifo").exists());
+}
+
+/// A write at 2^63-2 (one byte, so the kernel lets it through) or a truncate to it: EFBIG, as
+/// on the local disk the export is on; not sftp-server's EINVAL of its seek, nor EIO. (The
+/// write is acknowledged at once, write-behind: the error comes by fsync and close.)
+#[test]
+fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
+    const NEAR_MAX: u64 = (1 << 63) - 2;
+    let m = TestMount::start(&[NO_CACHE]);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("big"))
+        .unwrap();
+    // The same calls on the export directly: what a local disk says.
+    let local = File::options().write(true).open(m.e("big")).unwrap();
+    let local_write = errno_of(local.write_at(b"x", NEAR_MAX));
+    let local_truncate = errno_of(local.set_len(NEAR_MAX));
+    assert_eq!(
+        (local_write, local_truncate),
+        (libc::EFBIG, libc::EFBIG),
+        "local disk"
+    );
+    let got = match f.write_at(b"x", NEAR_MAX) {
+        Ok(_) => errno_of(f.sync_all()),
+        Err(e) => e.raw_os_error().unwrap_or(-1),
+    };
+    assert_eq!(errno_name(got), errno_name(libc::EFBIG), "pwrite at 2^63-2");
+    assert_errno(f.set_len(NEAR_MAX), libc::EFBIG, "ftruncate to 2^63-2");
+    assert_errno(
+        truncate_path(&m.p("big"), NEAR_MAX as i64),
+        libc::EFBIG,
+        "truncate to 2^63-2",
+    );
+    drop(f);
+    assert_eq!(fs::metadata(m.e("big")).unwrap().len(), 0);
+}
+
+/// fstat of a descriptor whose file was unlinked through the mount: st_nlink 0.
+#[test]
+fn posix_unlinked_open_file_has_nlink_0() {
+    let m = TestMount::start(&[NO_CACHE]);
+    let mut f = File::create(m.p("f")).unwrap();
+    f.write_all(b"data").unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 1);
+    fs::remove_file(m.p("f")).unwrap();
+    let s = f.metadata().unwrap();
+    assert_eq!((s.nlink(), s.len()), (0, 4), "fstat after unlink");
+    f.set_len(1).unwrap();
+    assert_eq!(f.metadata().unwrap().nlink(), 0, "after ftruncate");
+}
+
+/// `-o follow_symlinks`: a symlink made through the mount stays a symlink while the kernel
+/// holds it, so `lchown` of it works (its reply used to carry the target's type: the kernel
+/// marked the inode bad, EIO) and a second look still shows a link; a link the mount sees
+/// for the first time is followed.
+#[test]
+fn posix_follow_symlinks_lchown_of_a_new_symlink() {
+    for opts in [&[NO_CACHE, "follow_symlinks"][..], &["follow_symlinks"][..]] {
+        let m = TestMount::start(opts);
+        // (Made on the server before the mount caches anything.)
+        std::os::unix::fs::symlink("f", m.e("server_link")).unwrap();
+        File::create(m.p("f")).unwrap();
+        std::os::unix::fs::symlink("f", m.p("l")).unwrap();
+        assert!(fs::symlink_metadata(m.p("l"))
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        std::os::unix::fs::lchown(m.p("l"), Some(4444), Some(4444))
+            .unwrap_or_else(|e| panic!("lchown ({opts:?}): {e}"));
+        let s = fs::symlink_metadata(m.e("l")).unwrap();
+        assert_eq!((s.uid(), s.gid()), (4444, 4444), "server link");
+        assert_ne!(fs::metadata(m.e("f")).unwrap().uid(), 4444, "server target");
+        let s = fs::symlink_metadata(m.p("l")).unwrap();
+        assert!(s.file_type().is_symlink(), "second look ({opts:?})");
+        assert_eq!((s.uid(), s.gid()), (4444, 4444), "mount");
+        assert_eq!(fs::read_link(m.p("l")).unwrap(), Path::new("f"));
+        // Through the link: the file.
+        fs::write(m.p("l"), b"via link").unwrap();
+        assert_eq!(fs::read(m.e("f")).unwrap(), b"via link");
+        // A link made on the server is followed.
+        let s = fs::symlink_metadata(m.p("server_link")).unwrap();
+        assert!(s.is_file(), "followed ({opts:?})");
+        assert_eq!(s.len(), 8);
+    }
+}
+
+/// ctime moves on every status change made through the mount (an emulation: SFTP v3 has no
+/// ctime), as POSIX test suites check: chmod, chown, utimes, truncate, write, rename, link,
+/// unlink.
+#[test]
+fn posix_ctime_advances_on_every_status_change() {
+    fn ctime(m: &fs::Metadata) -> (i64, i64) {
+        (m.ctime(), m.ctime_nsec())
+    }
+    for opts in [&[NO_CACHE][..], &[][..]] {
+        let m = TestMount::start(opts);
+        fs::write(m.e("f"), b"0123456789").unwrap();
+        set_times(&m.e("f"), Some((1_000_000, 0)), Some((1_000_000, 0))).unwrap();
+        let mut last = ctime(&fs::metadata(m.p("f")).unwrap());
+        assert_eq!(last, (1_000_000, 0), "untouched: the mtime ({opts:?})");
+        let mut wrong = Vec::new();
+        let mut check = |what: &str, now: (i64, i64)| {
+            if now <= last {
+                wrong.push(format!("{what}: ctime {now:?}, was {last:?}"));
+            }
+            last = now;
+        };
+        let stat = |p: &str| ctime(&fs::metadata(m.p(p)).unwrap());
+        fs::set_permissions(m.p("f"), fs::Permissions::from_mode(0o600)).unwrap();
+        check("chmod", stat("f"));
+        std::os::unix::fs::chown(m.p("f"), Some(0), Some(0)).unwrap();
+        check("chown", stat("f"));
+        set_times(&m.p("f"), Some((2_000_000, 0)), Some((2_000_000, 0))).unwrap();
+        check("utimes into the past", stat("f"));
+        truncate_path(&m.p("f"), 4).unwrap();
+        check("truncate", stat("f"));
+        let mut fd = OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        fd.write_all(b"w").unwrap();
+        check("write", ctime(&fd.metadata().unwrap()));
+        fs::rename(m.p("f"), m.p("g")).unwrap();
+        check("rename", stat("g"));
+        fs::hard_link(m.p("g"), m.p("h")).unwrap();
+        // One inode for both names: the old name shows the link's ctime at once, cached or not.
+        check("link", stat("g"));
+        fs::remove_file(m.p("g")).unwrap();
+        check("unlink (fstat)", ctime(&fd.metadata().unwrap()));
+        assert!(wrong.is_empty(), "{opts:?}:\n  {}", wrong.join("\n  "));
+    }
+}

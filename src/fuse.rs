@@ -209,29 +209,20 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
 
     fn mknod(
         &self,
-        _req: &Request,
-        _parent: INodeNo,
-        _name: &OsStr,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
         mode: u32,
-        _umask: u32,
+        umask: u32,
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        // SFTP can create regular files only (and they come through create()).
-        if self.fs.is_read_only() {
-            return reply.error(errno(&FsError::new(
-                libc::EROFS,
-                "mknod: the mount is read-only",
-            )));
-        }
-        let e = FsError::new(
-            libc::EPERM,
-            format!(
-                "mknod of type {:o}: SFTP cannot create special files",
-                mode & libc::S_IFMT
-            ),
-        );
-        reply.error(errno(&e));
+        // Regular files only (an exclusive create); SFTP cannot make special files.
+        let fs = self.fs.clone();
+        let name = name.to_owned();
+        self.spawn("mknod", req, async move {
+            reply_entry(reply, fs.mknod(parent.0, &name, mode, umask).await)
+        });
     }
 
     fn mkdir(

@@ -85,6 +85,9 @@ pub fn direct(err: &RemoteError, op: Op) -> Option<i32> {
             }),
             Status::OpUnsupported => Some(libc::EOPNOTSUPP),
             Status::Eof => Some(libc::EIO),
+            // sftp-server seeks before it writes: EINVAL there is an offset past the largest
+            // file the server's filesystem can hold, which a local pwrite(2) reports as EFBIG.
+            Status::BadMessage if op == Op::Write => Some(libc::EFBIG),
             Status::BadMessage => Some(libc::EINVAL),
             Status::Failure | Status::Other(_) => None,
             Status::NoConnection | Status::ConnectionLost => Some(libc::EIO),

@@ -113,6 +113,9 @@ pub struct OpenFile<R: Remote> {
     /// Highest byte offset written through this handle (for the size the kernel is shown
     /// while writes are still in flight).
     pub written_end: AtomicU64,
+    /// Where the write that failed first (see `error`) would have ended: whether it went past
+    /// the largest file the server can hold decides between EFBIG and EIO.
+    failed_end: AtomicU64,
 }
 
 impl<R: Remote> OpenFile<R> {
@@ -125,6 +128,7 @@ impl<R: Remote> OpenFile<R> {
             stream,
             error: Mutex::new(None),
             written_end: AtomicU64::new(0),
+            failed_end: AtomicU64::new(0),
         }
     }
 
@@ -162,6 +166,20 @@ impl<R: Remote> OpenFile<R> {
         if slot.is_none() {
             *slot = Some(err);
         }
+    }
+
+    /// Latch the failure of a write that would have ended at byte `end`.
+    pub fn latch_write(&self, err: RemoteError, end: u64) {
+        let mut slot = self.error.lock().unwrap();
+        if slot.is_none() {
+            *slot = Some(err);
+            self.failed_end.store(end, Ordering::Relaxed);
+        }
+    }
+
+    /// The end of the write whose failure was latched first (0 if unknown).
+    pub fn failed_end(&self) -> u64 {
+        self.failed_end.load(Ordering::Relaxed)
     }
 
     pub fn take_error(&self) -> Option<RemoteError> {
@@ -282,19 +300,20 @@ async fn writer_loop<R: Remote>(
                     else {
                         break;
                     };
+                    let end = at + n as u64;
                     match send_chunk(&fs, &remote, &file, at, chunk).await {
                         Ok(ack) => {
                             let file = file.clone();
                             tokio::spawn(async move {
                                 if let Err(e) = ack.await {
                                     tracing::debug!(ino = file.ino, "write failed: {e}");
-                                    file.latch(e);
+                                    file.latch_write(e, end);
                                 }
                                 drop(permit);
                             });
                         }
                         Err(e) => {
-                            file.latch(e);
+                            file.latch_write(e, end);
                             break;
                         }
                     }

@@ -19,6 +19,7 @@
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
+use std::time::SystemTime;
 
 use crate::remote::FileKind;
 
@@ -38,6 +39,9 @@ struct Node {
     /// The link count, when known: from a listing (the server's count), then kept up to date
     /// by links and unlinks made through the mount.
     nlink: Option<u32>,
+    /// When the mount itself last changed the inode's status (attributes, data, names): the
+    /// stand-in for a ctime, which SFTP v3 does not carry. Lives and dies with the inode.
+    changed: Option<SystemTime>,
 }
 
 /// Where an inode currently is.
@@ -83,6 +87,7 @@ impl InodeTable {
                 // The root is never forgotten.
                 lookups: 1,
                 nlink: None,
+                changed: None,
             },
         );
         InodeTable {
@@ -115,6 +120,30 @@ impl InodeTable {
             Some(node) if ino != ROOT_INO => node.names.clone(),
             _ => Vec::new(),
         }
+    }
+
+    /// Whether `ino` lost every name (removed or replaced through the mount, or found
+    /// replaced) while the kernel still references it.
+    pub fn is_detached(&self, ino: Ino) -> bool {
+        ino != ROOT_INO && self.nodes.get(&ino).is_some_and(|n| n.names.is_empty())
+    }
+
+    /// The mount changed the status of `ino` (chmod, chown, times, size, data, a name) at
+    /// `when`.
+    pub fn status_changed(&mut self, ino: Ino, when: SystemTime) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.changed = Some(node.changed.map_or(when, |t| t.max(when)));
+        }
+    }
+
+    /// When the mount last changed the status of `ino`, if it did while the kernel held it.
+    pub fn last_status_change(&self, ino: Ino) -> Option<SystemTime> {
+        self.nodes.get(&ino).and_then(|n| n.changed)
+    }
+
+    /// The directory and name an inode's path is built from.
+    pub fn name_of(&self, ino: Ino) -> Option<(Ino, OsString)> {
+        self.names_of(ino).into_iter().next()
     }
 
     /// The inode for `name` in `parent`, if the kernel currently knows one.
@@ -203,6 +232,7 @@ impl InodeTable {
                 kind,
                 lookups: 1,
                 nlink: None,
+                changed: None,
             },
         );
         self.by_name.insert(key, ino);

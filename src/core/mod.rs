@@ -42,7 +42,8 @@ pub struct Attr {
     pub blocks: u64,
     pub atime: SystemTime,
     pub mtime: SystemTime,
-    /// SFTP v3 has no ctime; the mtime stands in for it.
+    /// SFTP v3 has no ctime: the later of the mtime and the last status change the mount
+    /// itself made (see `InodeTable::status_changed`).
     pub ctime: SystemTime,
     pub kind: FileKind,
     pub perm: u16,
@@ -209,6 +210,13 @@ fn to_seconds(t: TimeSpec) -> u32 {
         Ok(d) => d.as_secs().min(u32::MAX as u64) as u32,
         Err(_) => 0,
     }
+}
+
+/// Whether `len` bytes at `offset` would pass the largest offset a file can have (`off_t`).
+fn past_max_offset(offset: u64, len: u64) -> bool {
+    offset
+        .checked_add(len)
+        .is_none_or(|end| end > i64::MAX as u64)
 }
 
 fn remote_err(op: Op, err: &RemoteError, what: impl std::fmt::Display) -> FsError {
@@ -434,6 +442,11 @@ impl<R: Remote> Fs<R> {
     }
 
     fn make_attr(&self, ino: Ino, a: &Attrs, nlink: Option<u32>) -> Attr {
+        let (known_nlink, changed) = {
+            let inodes = self.inodes.lock().unwrap();
+            (inodes.nlink(ino), inodes.last_status_change(ino))
+        };
+        let mtime = to_system_time(a.mtime);
         let kind = a.file_type();
         let size = a.size.unwrap_or(0);
         let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
@@ -450,20 +463,15 @@ impl<R: Remote> Fs<R> {
             size,
             blocks: size.div_ceil(512),
             atime: to_system_time(a.atime),
-            mtime: to_system_time(a.mtime),
-            ctime: to_system_time(a.mtime),
+            mtime,
+            ctime: changed.map_or(mtime, |c| c.max(mtime)),
             kind,
             perm: (a.mode.unwrap_or(0) & 0o7777) as u16,
             // SFTP v3 has no link count: the table's (a listing's, kept up to date by links
-            // and unlinks through the mount), else 1, which tells find(1) not to use the leaf
-            // optimisation.
-            nlink: self
-                .inodes
-                .lock()
-                .unwrap()
-                .nlink(ino)
-                .or(nlink)
-                .unwrap_or(1),
+            // and unlinks through the mount; 0 once the mount removed every name of a file
+            // still open, as on a local disk), else 1, which tells find(1) not to use the
+            // leaf optimisation.
+            nlink: known_nlink.or(nlink).unwrap_or(1),
             uid,
             gid,
         }
@@ -726,6 +734,24 @@ impl<R: Remote> Fs<R> {
         FsError::new(errno, format!("{op:?} {}: {err}", target.display()))
     }
 
+    /// [`Fs::explain`] for a write or truncate that would end at byte `end`. A plain
+    /// `FAILURE` there, with the end past the size of the whole server filesystem, is the
+    /// server's EFBIG: no filesystem fails that for want of space (that is `ENOSPC`, found
+    /// first) but one whose largest file is smaller does.
+    async fn explain_sized(&self, op: Op, err: RemoteError, path: &Path, end: u64) -> FsError {
+        let generic = err.status() == Some(Status::Failure);
+        let mut e = self.explain(op, err, path, None).await;
+        if generic && e.errno == libc::EIO {
+            if let Ok(v) = self.remote.statvfs(&self.root).await {
+                if end > v.blocks.saturating_mul(v.frsize.max(1)) {
+                    e.errno = libc::EFBIG;
+                    e.context = format!("{}: file too large ({})", path.display(), e.context);
+                }
+            }
+        }
+        e
+    }
+
     /// Remote attributes of an inode, through the cache.
     async fn fetch_attrs(&self, ino: Ino) -> FsResult<CachedAttrs> {
         // A file with links the mount cannot see may have changed through another name.
@@ -738,7 +764,29 @@ impl<R: Remote> Fs<R> {
         }
         let path = self.path_of(ino)?;
         let since = self.cache.lock().unwrap().now();
-        match self.stat_path(&path).await {
+        // An inode keeps the kind it was first shown with (the kernel refuses a change of
+        // type and marks the inode bad): one made as a link is the link, never followed.
+        let kind = self.inodes.lock().unwrap().kind(ino);
+        let stat = if kind == Some(FileKind::Symlink) {
+            self.remote.lstat(&path).await
+        } else {
+            self.stat_path(&path).await
+        };
+        match stat {
+            Ok(attrs) if kind.is_some_and(|k| k != attrs.file_type()) => {
+                // Replaced by an object of another type, or a followed link that no longer
+                // resolves: not what this inode stands for. ESTALE makes the kernel look the
+                // name up again (a new inode) for path-based calls.
+                Err(FsError::new(
+                    libc::ESTALE,
+                    format!(
+                        "{}: now a {:?}, inode {ino} was a {:?}",
+                        path.display(),
+                        attrs.file_type(),
+                        kind.unwrap_or(FileKind::File)
+                    ),
+                ))
+            }
             Ok(attrs) => {
                 let cached = CachedAttrs { attrs, nlink: None };
                 self.cache_attrs_from(ino, cached, since);
@@ -774,6 +822,14 @@ impl<R: Remote> Fs<R> {
         if let Some(attrs) = known {
             cache.put_attrs(ino, CachedAttrs { attrs, nlink: None });
         }
+    }
+
+    /// The mount changed the status of `ino` just now: its ctime moves (see `Attr::ctime`).
+    fn status_changed(&self, ino: Ino) {
+        self.inodes
+            .lock()
+            .unwrap()
+            .status_changed(ino, SystemTime::now());
     }
 
     /// Register an inode for `name` in `parent` with attributes learnt when the change clock
@@ -817,6 +873,13 @@ impl<R: Remote> Fs<R> {
 
     pub async fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
         let path = self.child_path(parent, name)?;
+        // A name the kernel knows as a symlink stays one while it holds the inode (it made
+        // it with symlink(2), or saw it unfollowed): follow_symlinks and resource links apply
+        // to names seen for the first time.
+        let known_link = {
+            let inodes = self.inodes.lock().unwrap();
+            inodes.child(parent, name).and_then(|i| inodes.kind(i)) == Some(FileKind::Symlink)
+        };
         let since = {
             let mut cache = self.cache.lock().unwrap();
             let since = cache.now();
@@ -832,6 +895,7 @@ impl<R: Remote> Fs<R> {
                 Some(Some(e))
                     if e.attrs.size.is_some()
                         && !(e.attrs.file_type() == FileKind::Symlink
+                            && !known_link
                             && (follow || (parent == ROOT_INO && self.maybe_resource(name)))) =>
                 {
                     drop(cache);
@@ -861,6 +925,7 @@ impl<R: Remote> Fs<R> {
                     Some(e)
                         if e.attrs.size.is_some()
                             && !(e.attrs.file_type() == FileKind::Symlink
+                                && !known_link
                                 && (follow
                                     || (parent == ROOT_INO && self.maybe_resource(name)))) =>
                     {
@@ -870,7 +935,12 @@ impl<R: Remote> Fs<R> {
                 }
             }
         }
-        match self.stat_path(&path).await {
+        let stat = if known_link {
+            self.remote.lstat(&path).await
+        } else {
+            self.stat_path(&path).await
+        };
+        match stat {
             Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
                 self.cache.lock().unwrap().put_negative(parent, name);
@@ -992,6 +1062,12 @@ impl<R: Remote> Fs<R> {
         req: SetattrRequest,
     ) -> FsResult<Attr> {
         self.check_writable("setattr")?;
+        if let Some(size) = req.size.filter(|&s| past_max_offset(s, 0)) {
+            return Err(FsError::new(
+                libc::EFBIG,
+                format!("truncate to {size}: past the largest offset"),
+            ));
+        }
         let path = self.path_of(ino);
         let file = fh
             .and_then(|fh| self.files.lock().unwrap().get(&fh).cloned())
@@ -1090,8 +1166,12 @@ impl<R: Remote> Fs<R> {
                     quota.unreserve(ino, old);
                 }
                 let target = path.clone().unwrap_or_else(|_| self.root.clone());
-                return Err(self.explain(op, e, &target, None).await);
+                return Err(match req.size {
+                    Some(size) => self.explain_sized(op, e, &target, size).await,
+                    None => self.explain(op, e, &target, None).await,
+                });
             }
+            self.status_changed(ino);
         }
         // Only the mode (without set-id bits) or times changed and we know the rest: the new
         // attributes are known without asking. A size change also moves the mtime, and a
@@ -1180,6 +1260,14 @@ impl<R: Remote> Fs<R> {
             }
         };
         if let (Some(want), Some(mode)) = (perm, attrs.mode) {
+            // A directory made in a setgid directory inherits S_ISGID from the server's
+            // mkdir(2), as on a local disk: that is not the server's umask at work, keep it
+            // (a chmod without it would clear it).
+            let want = if FileKind::from_mode(mode) == FileKind::Dir {
+                want | (mode & libc::S_ISGID)
+            } else {
+                want
+            };
             if mode & 0o7777 != want & 0o7777 {
                 let set = SetAttrs {
                     perm: Some(want & 0o7777),
@@ -1274,7 +1362,15 @@ impl<R: Remote> Fs<R> {
     /// link), and what the caches said of it is dropped. Its other names, if any, now show
     /// one link less.
     fn removed(&self, parent: Ino, name: &OsStr) -> Option<inode::Detached> {
-        let gone = self.inodes.lock().unwrap().detach_name(parent, name);
+        let gone = {
+            // It lost a name: its status changed (seen through descriptors still open, and
+            // through its other names).
+            let mut inodes = self.inodes.lock().unwrap();
+            if let Some(ino) = inodes.child(parent, name) {
+                inodes.status_changed(ino, SystemTime::now());
+            }
+            inodes.detach_name(parent, name)
+        };
         self.cache.lock().unwrap().name_removed(parent, name);
         if let Some(d) = gone {
             self.attrs_changed(d.ino, None);
@@ -1380,11 +1476,21 @@ impl<R: Remote> Fs<R> {
             cache.name_changed(new_parent, new_name);
             return Ok(());
         }
-        let replaced_node = self
-            .inodes
-            .lock()
-            .unwrap()
-            .rename(parent, name, new_parent, new_name);
+        let replaced_node = {
+            // The moved object and a replaced one change status (a name came or went).
+            let now = SystemTime::now();
+            let mut inodes = self.inodes.lock().unwrap();
+            for ino in [
+                inodes.child(parent, name),
+                inodes.child(new_parent, new_name),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                inodes.status_changed(ino, now);
+            }
+            inodes.rename(parent, name, new_parent, new_name)
+        };
         if let Some((target_ino, size)) = replaced {
             self.enforcer.quota.name_removed(
                 target_ino,
@@ -1448,6 +1554,7 @@ impl<R: Remote> Fs<R> {
                 .await;
         }
         // The link count and the ctime changed: every name of it shows that.
+        self.status_changed(ino);
         self.attrs_changed(ino, None);
         let attrs = match attrs {
             Ok(a) => a,
@@ -1485,6 +1592,7 @@ impl<R: Remote> Fs<R> {
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
         };
         if flags.truncate {
+            self.status_changed(ino);
             self.attrs_changed(ino, None);
             if self.enforcer.quota.knows(ino) {
                 // Truncated to nothing: what it held is given back.
@@ -1555,6 +1663,36 @@ impl<R: Remote> Fs<R> {
         }
         let fh = self.register_file(entry.attr.ino, flags, handle);
         Ok((entry, fh))
+    }
+
+    /// mknod(2). A regular file is created as `create` with `O_EXCL` would (sshfs does the
+    /// same), with the same read-only and quota checks, and closed again; SFTP cannot create
+    /// FIFOs, devices or sockets: `EPERM`.
+    pub async fn mknod(
+        self: &Arc<Self>,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+    ) -> FsResult<Entry> {
+        self.check_writable("mknod")?;
+        let kind = mode & libc::S_IFMT;
+        // (The kernel turns a type of 0 into S_IFREG before it asks.)
+        if kind != libc::S_IFREG && kind != 0 {
+            return Err(FsError::new(
+                libc::EPERM,
+                format!("mknod of type {kind:o}: SFTP cannot create special files"),
+            ));
+        }
+        let req = OpenRequest {
+            flags: libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        };
+        let (entry, fh) = self
+            .create(parent, name, libc::S_IFREG | (mode & 0o7777), umask, req)
+            .await?;
+        // Nothing was written: an error of this close is of no interest to anyone.
+        let _ = self.release(fh).await;
+        Ok(entry)
     }
 
     fn file(&self, fh: u64) -> FsResult<Arc<OpenFile<R>>> {
@@ -1687,6 +1825,15 @@ impl<R: Remote> Fs<R> {
         let queued = (|| {
             self.check_writable("write")?;
             let file = self.file(fh)?;
+            if !data.is_empty() && past_max_offset(offset, data.len() as u64) {
+                return Err(FsError::new(
+                    libc::EFBIG,
+                    format!(
+                        "write of {} bytes at {offset}: past the largest offset",
+                        data.len()
+                    ),
+                ));
+            }
             // Reserve the growth now, in order with the other writes: what does not fit is
             // not written (a short write), and a write of which nothing fits gets ENOSPC.
             let fits = self
@@ -1700,6 +1847,7 @@ impl<R: Remote> Fs<R> {
             if !file.submit_write(self, offset, data, done) {
                 return Err(FsError::new(libc::EBADF, "file is being closed"));
             }
+            self.status_changed(file.ino);
             self.attrs_changed(file.ino, None);
             Ok((file, rx))
         })();
@@ -1716,7 +1864,9 @@ impl<R: Remote> Fs<R> {
                 }
                 Ok(Err(e)) => {
                     let path = this.path_of(file.ino).unwrap_or_else(|_| this.root.clone());
-                    Err(this.explain(Op::Write, e, &path, None).await)
+                    Err(this
+                        .explain_sized(Op::Write, e, &path, file.failed_end())
+                        .await)
                 }
                 Err(_) => Err(FsError::new(libc::EIO, "writer stopped")),
             }
@@ -1728,7 +1878,9 @@ impl<R: Remote> Fs<R> {
         let file = self.file(fh)?;
         if let Err(e) = file.drain(self).await {
             let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
-            return Err(self.explain(Op::Write, e, &path, None).await);
+            return Err(self
+                .explain_sized(Op::Write, e, &path, file.failed_end())
+                .await);
         }
         Ok(())
     }

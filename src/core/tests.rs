@@ -12,7 +12,7 @@
 use std::ffi::{OsStr, OsString};
 use std::fmt::Debug;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -188,6 +188,8 @@ fn errno_name(errno: i32) -> String {
         libc::EBADF => "EBADF",
         libc::ENOSPC => "ENOSPC",
         libc::EXDEV => "EXDEV",
+        libc::EFBIG => "EFBIG",
+        libc::ESTALE => "ESTALE",
         _ => "?",
     };
     format!("{name}({errno})")
@@ -1999,7 +2001,6 @@ async fn setattr_chmod_and_truncate() {
 /// root); the attributes the core answers, and caches, must say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setattr_chown_reply_matches_the_server() {
-    use std::os::unix::fs::PermissionsExt;
     let h = Harness::new();
     std::fs::write(h.disk("f"), b"#!/bin/sh\n").unwrap();
     std::fs::set_permissions(h.disk("f"), std::fs::Permissions::from_mode(0o4755)).unwrap();
@@ -2429,4 +2430,464 @@ async fn quota_hard_links_charged_as_copies_and_given_back_per_name() {
     assert_eq!(quota.usage().bytes, 1600);
     h.fs.unlink(ROOT, os("k")).await.unwrap();
     assert_eq!((quota.usage().bytes, quota.usage().files), (0, 0));
+}
+
+// ------------------------------------------------------------------------------ POSIX details
+
+/// mkdir in a setgid directory: the new directory inherits S_ISGID (and the group) from the
+/// server's mkdir(2), as on a local disk; fixing up the permission bits must not clear it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
+    let h = Harness::new();
+    std::fs::create_dir(h.disk("sg")).unwrap();
+    std::fs::set_permissions(h.disk("sg"), std::fs::Permissions::from_mode(0o2775)).unwrap();
+    let sg = h.lookup(ROOT, "sg").await;
+    let e =
+        h.fs.mkdir(sg, os("s"), libc::S_IFDIR | 0o755, UMASK)
+            .await
+            .unwrap();
+    assert_eq!(e.attr.perm, 0o2755, "mkdir reply");
+    assert_eq!(h.meta("sg/s").mode() & 0o7777, 0o2755, "on the server");
+    // Permission bits the server's umask took away are still put back, setgid kept.
+    let e =
+        h.fs.mkdir(sg, os("wide"), libc::S_IFDIR | 0o777, 0)
+            .await
+            .unwrap();
+    assert_eq!(e.attr.perm, 0o2777, "mkdir 0777, umask 0");
+    assert_eq!(h.meta("sg/wide").mode() & 0o7777, 0o2777);
+    // A plain directory gets no setgid.
+    let e =
+        h.fs.mkdir(ROOT, os("plain"), libc::S_IFDIR | 0o755, UMASK)
+            .await
+            .unwrap();
+    assert_eq!(e.attr.perm, 0o755);
+}
+
+/// mknod(S_IFREG) makes a regular file (an exclusive create, as sshfs does), under the same
+/// read-only and quota rules as create; special files stay EPERM (SFTP cannot make them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_mknod_of_a_regular_file_creates_it() {
+    let h = Harness::new();
+    let e =
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK)
+            .await
+            .expect("mknod S_IFREG");
+    assert_eq!(
+        (e.attr.kind, e.attr.perm, e.attr.size),
+        (FileKind::File, 0o640, 0)
+    );
+    let m = h.meta("r");
+    assert!(m.is_file());
+    assert_eq!((m.mode() & 0o7777, m.len()), (0o640, 0));
+    assert_eq!(
+        h.lookup(ROOT, "r").await,
+        e.attr.ino,
+        "the entry answered is the file"
+    );
+    assert_eq!(
+        h.fs.open_file_count(),
+        0,
+        "the handle of the create was closed"
+    );
+    assert_eq!(h.open_handles().await, 0);
+    assert_errno(
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK)
+            .await,
+        libc::EEXIST,
+        "mknod over an existing file",
+    );
+    for (what, kind) in [
+        ("fifo", libc::S_IFIFO),
+        ("chr", libc::S_IFCHR),
+        ("blk", libc::S_IFBLK),
+        ("sock", libc::S_IFSOCK),
+    ] {
+        assert_errno(
+            h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK).await,
+            libc::EPERM,
+            what,
+        );
+        assert!(!h.disk(what).exists());
+    }
+
+    // The entry quota applies as for create.
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(None, Some(quota.usage().files as u64 + 1));
+    h.fs.mknod(ROOT, os("last"), libc::S_IFREG | 0o644, UMASK)
+        .await
+        .expect("mknod within the quota");
+    assert_errno(
+        h.fs.mknod(ROOT, os("over"), libc::S_IFREG | 0o644, UMASK)
+            .await,
+        libc::ENOSPC,
+        "mknod over the file quota",
+    );
+    assert!(!h.disk("over").exists());
+    quota.set_limits(None, None);
+
+    h.fs.set_read_only();
+    for kind in [libc::S_IFREG, libc::S_IFIFO] {
+        assert_errno(
+            h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK).await,
+            libc::EROFS,
+            "mknod on a read-only mount",
+        );
+    }
+    assert!(!h.disk("ro").exists());
+}
+
+/// A write or truncate that would end past the largest file the server can hold is EFBIG, as
+/// pwrite(2)/ftruncate(2) say on a local disk, not EIO or EINVAL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
+    const NEAR_MAX: u64 = (1 << 63) - 2;
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    // The server's own refusal (this disk's largest file is far smaller), reported at flush
+    // (write-behind) as a local pwrite would report it at once.
+    let _ = h.fs.write(fh, NEAR_MAX, b"x").await;
+    assert_errno(
+        h.fs.flush(fh).await,
+        libc::EFBIG,
+        "flush after pwrite at 2^63-2",
+    );
+    // Through the handle and by path.
+    for fh in [Some(fh), None] {
+        assert_errno(
+            h.fs.setattr(
+                f,
+                fh,
+                SetattrRequest {
+                    size: Some(NEAR_MAX),
+                    ..Default::default()
+                },
+            )
+            .await,
+            libc::EFBIG,
+            &format!("truncate to 2^63-2 (fh {fh:?})"),
+        );
+    }
+    // OpenSSH's sftp-server seeks first, and says EINVAL (BAD_MESSAGE) for such an offset.
+    h.plan.fail_next(
+        ROp::Write,
+        1,
+        RemoteError::Status(Status::BadMessage, "Invalid argument".into()),
+    );
+    let _ = h.fs.write(fh, NEAR_MAX, b"x").await;
+    assert_errno(h.fs.flush(fh).await, libc::EFBIG, "sftp-server's EINVAL");
+    // Past the largest offset a file can have at all: refused before asking.
+    let calls = h.plan.total_calls();
+    assert_errno(
+        h.fs.write(fh, i64::MAX as u64, b"xy").await,
+        libc::EFBIG,
+        "write ending past i64::MAX",
+    );
+    assert_errno(
+        h.fs.setattr(
+            f,
+            Some(fh),
+            SetattrRequest {
+                size: Some(1 << 63),
+                ..Default::default()
+            },
+        )
+        .await,
+        libc::EFBIG,
+        "truncate past i64::MAX",
+    );
+    assert_eq!(h.plan.total_calls(), calls, "nothing was sent");
+    // An ordinary write failure stays EIO.
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    let _ = h.fs.write(fh, 0, b"x").await;
+    assert_errno(h.fs.flush(fh).await, libc::EIO, "an ordinary failure");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").len(), 0);
+}
+
+/// fstat(2) of a file that is open and was unlinked shows no links left (st_nlink 0), as on a
+/// local disk; the name still there shows 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_unlinked_open_file_has_nlink_0() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"data").await;
+    assert_eq!(h.fs.getattr(f, Some(fh)).await.unwrap().0.nlink, 1);
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert_eq!(
+        h.fs.getattr(f, Some(fh)).await.unwrap().0.nlink,
+        0,
+        "with fh"
+    );
+    assert_eq!(
+        h.fs.getattr(f, None).await.unwrap().0.nlink,
+        0,
+        "without fh"
+    );
+    let a =
+        h.fs.setattr(
+            f,
+            Some(fh),
+            SetattrRequest {
+                size: Some(2),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((a.size, a.nlink), (2, 0), "setattr reply");
+    // A file renamed over: the replaced one is gone too.
+    let (g, gfh) = h.create(ROOT, "g").await;
+    let (_, hfh) = h.create(ROOT, "h").await;
+    h.fs.rename(ROOT, os("h"), ROOT, os("g"), 0).await.unwrap();
+    assert_eq!(
+        h.fs.getattr(g, Some(gfh)).await.unwrap().0.nlink,
+        0,
+        "replaced"
+    );
+    let new_g = h.lookup(ROOT, "g").await;
+    assert_eq!(
+        h.fs.getattr(new_g, None).await.unwrap().0.nlink,
+        1,
+        "the new g"
+    );
+    for fh in [fh, gfh, hfh] {
+        h.fs.release(fh).await.unwrap();
+    }
+}
+
+/// With follow_symlinks, an inode keeps the kind it was first shown with in every later
+/// answer: a link made through the mount is a symlink (the kernel insists on it in the reply
+/// to symlink(2)) for as long as the kernel holds it, through lookups, getattr and setattr
+/// (lchown of it is applied to the link and answered as a link); a link first seen followed
+/// stays its target. The kernel marks an inode whose type changes bad (EIO).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_follow_symlinks_inode_kind_never_changes() {
+    let h = Harness::with(
+        FsConfig {
+            follow_symlinks: true,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.fs.release(fh).await.unwrap();
+    let made =
+        h.fs.symlink(ROOT, os("l"), Path::new("f"))
+            .await
+            .unwrap()
+            .attr;
+    assert_eq!(made.kind, FileKind::Symlink, "symlink reply");
+    let l = made.ino;
+    let mut c = Checks::default();
+    let e = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    c.check(
+        &format!(
+            "lookup: {:?} inode {}, want Symlink inode {l}",
+            e.kind, e.ino
+        ),
+        (e.ino, e.kind) == (l, FileKind::Symlink),
+    );
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    for item in h.fs.readdir(dh, 0).await.unwrap() {
+        if item.name == "l" {
+            let e = h.fs.readdirplus_entry(ROOT, &item).await.unwrap().attr;
+            c.check(
+                &format!("readdirplus: {:?} inode {}", e.kind, e.ino),
+                (e.ino, e.kind) == (l, FileKind::Symlink),
+            );
+            h.fs.forget(e.ino, 1);
+        }
+    }
+    h.fs.releasedir(dh);
+    let a = h.fs.getattr(l, None).await.unwrap().0;
+    c.check(
+        &format!("getattr: {:?}", a.kind),
+        a.kind == FileKind::Symlink,
+    );
+    // lchown("l", 4444, 4444)
+    let set = SetattrRequest {
+        uid: Some(4444),
+        gid: Some(4444),
+        ..Default::default()
+    };
+    match h.fs.setattr(l, None, set).await {
+        Ok(a) => c.check(
+            &format!("setattr reply: {:?} uid {}", a.kind, a.uid),
+            (a.kind, a.uid, a.gid) == (FileKind::Symlink, 4444, 4444),
+        ),
+        Err(e) => c.check(&format!("lchown: {e}"), false),
+    }
+    c.check("lchown changed the link", h.meta("l").uid() == 4444);
+    c.check("lchown left the target", h.meta("f").uid() != 4444);
+    // lutimes too.
+    let set = SetattrRequest {
+        atime: at(1_000_000),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(l, None, set).await.unwrap();
+    c.check(
+        &format!("lutimes reply: {:?}", a.kind),
+        a.kind == FileKind::Symlink,
+    );
+    c.finish();
+
+    // Once the kernel forgot it, the name is seen afresh: followed.
+    h.fs.forget(l, 2);
+    let e = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!(e.kind, FileKind::File, "a fresh lookup follows");
+    let followed = e.ino;
+    assert_ne!(followed, l);
+    assert_eq!(
+        h.fs.lookup(ROOT, os("l")).await.unwrap().attr.ino,
+        followed,
+        "the same inode"
+    );
+    let a = h.fs.getattr(followed, None).await.unwrap().0;
+    assert_eq!(a.kind, FileKind::File);
+    // Its target removed: the inode is not turned into a symlink; a new lookup shows the
+    // (now dangling) link as a new inode.
+    std::fs::remove_file(h.disk("f")).unwrap();
+    h.fs.forget(followed, 2);
+    let e = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!(e.kind, FileKind::Symlink, "dangling: the link");
+    std::fs::write(h.disk("f"), b"back").unwrap();
+    let again = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!(
+        (again.ino, again.kind),
+        (e.ino, FileKind::Symlink),
+        "still the link"
+    );
+}
+
+/// getattr of an inode whose name now holds an object of another type answers ESTALE (the
+/// kernel then looks the name up again) rather than a type the kernel would refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_getattr_of_a_replaced_object_is_estale() {
+    let h = Harness::with(
+        FsConfig {
+            follow_symlinks: true,
+            ..config(CacheConfig {
+                attr_ttl: Duration::ZERO,
+                ..long_ttls()
+            })
+        },
+        None,
+    );
+    std::fs::write(h.disk("t"), b"12345").unwrap();
+    std::os::unix::fs::symlink("t", h.disk("l")).unwrap();
+    let l = h.fs.lookup(ROOT, os("l")).await.unwrap().attr;
+    assert_eq!(l.kind, FileKind::File);
+    std::fs::remove_file(h.disk("t")).unwrap();
+    assert_errno(
+        h.fs.getattr(l.ino, None).await,
+        libc::ESTALE,
+        "dangling now",
+    );
+    std::fs::create_dir(h.disk("t")).unwrap();
+    assert_errno(
+        h.fs.getattr(l.ino, None).await,
+        libc::ESTALE,
+        "a directory now",
+    );
+}
+
+/// ctime: SFTP v3 has none, so the core stands in for it with the later of the server's mtime
+/// and the last status change it made itself. Each of chmod, chown, utimens, truncate,
+/// write, rename, link and unlink must move it, as on a local disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_ctime_advances_on_every_status_change() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"0123456789").unwrap();
+    let old = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    std::fs::File::options()
+        .write(true)
+        .open(h.disk("f"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let ctime = |fh: Option<u64>| {
+        let fs = h.fs.clone();
+        async move { fs.getattr(f, fh).await.unwrap().0.ctime }
+    };
+    assert_eq!(ctime(None).await, old, "untouched: the mtime");
+    let mut last = old;
+    let mut c = Checks::default();
+    let mut step = |what: &str, before: SystemTime, now: SystemTime| {
+        c.check(
+            &format!("{what}: ctime {now:?}, want after {before:?} and {last:?}"),
+            now >= before && now > last,
+        );
+        last = now;
+    };
+    let setattr = |req: SetattrRequest| {
+        let fs = h.fs.clone();
+        async move { fs.setattr(f, None, req).await.unwrap().ctime }
+    };
+
+    let t = SystemTime::now();
+    let reply = setattr(SetattrRequest {
+        mode: Some(libc::S_IFREG | 0o600),
+        ..Default::default()
+    })
+    .await;
+    step("chmod", t, reply);
+    assert_eq!(
+        ctime(None).await,
+        reply,
+        "getattr after chmod shows the reply's ctime"
+    );
+    let t = SystemTime::now();
+    let me = h.meta("f");
+    setattr(SetattrRequest {
+        uid: Some(me.uid()),
+        gid: Some(me.gid()),
+        ..Default::default()
+    })
+    .await;
+    step("chown", t, ctime(None).await);
+    let t = SystemTime::now();
+    setattr(SetattrRequest {
+        atime: at(2_000_000),
+        mtime: at(2_000_000),
+        ..Default::default()
+    })
+    .await;
+    step("utimens into the past", t, ctime(None).await);
+    let t = SystemTime::now();
+    setattr(SetattrRequest {
+        size: Some(4),
+        ..Default::default()
+    })
+    .await;
+    step("truncate", t, ctime(None).await);
+    let fh = h.open(f, libc::O_RDWR).await;
+    h.fs.flush(fh).await.unwrap();
+    let t = SystemTime::now();
+    h.write(fh, 0, b"w").await;
+    h.fs.flush(fh).await.unwrap();
+    step("write", t, ctime(Some(fh)).await);
+    let t = SystemTime::now();
+    h.fs.rename(ROOT, os("f"), ROOT, os("g"), 0).await.unwrap();
+    step("rename", t, ctime(None).await);
+    let t = SystemTime::now();
+    let link = h.fs.link(f, ROOT, os("h")).await.unwrap().attr.ino;
+    step("link", t, ctime(None).await);
+    let t = SystemTime::now();
+    h.fs.unlink(ROOT, os("g")).await.unwrap();
+    step("unlink (fstat)", t, ctime(Some(fh)).await);
+    c.finish();
+    h.fs.release(fh).await.unwrap();
+
+    // What is recorded goes with the inode: forgotten, the next one shows the mtime again.
+    h.fs.forget(f, 1);
+    h.fs.forget(link, 1);
+    std::fs::File::options()
+        .write(true)
+        .open(h.disk("h"))
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    let e = h.fs.lookup(ROOT, os("h")).await.unwrap().attr;
+    assert_eq!((e.mtime, e.ctime), (old, old), "a new inode");
 }
