@@ -1173,16 +1173,21 @@ impl<R: Remote> Fs<R> {
             }
             self.status_changed(ino);
         }
-        // Only the mode (without set-id bits) or times changed and we know the rest: the new
-        // attributes are known without asking. A size change also moves the mtime, and a
-        // chown makes the server clear set-id bits: ask then.
-        let predictable =
-            req.size.is_none() && set.uid_gid.is_none() && set.perm.is_none_or(|p| p & 0o6000 == 0);
-        let known = if predictable {
+        // Only the mode (without set-id bits), the owner or times changed and we know the
+        // rest: the new attributes are known without asking. A size change also moves the
+        // mtime: ask then. So do a mode with set-id bits (the server may refuse to set
+        // S_ISGID), and a chown of a non-directory that has set-id bits, which Linux clears
+        // (tar sets owner, mode and times of every file it extracts: one round trip each).
+        let known = if req.size.is_none() && set.perm.is_none_or(|p| p & 0o6000 == 0) {
             current.or_else(|| self.cache.lock().unwrap().get_attrs(ino).map(|c| c.attrs))
         } else {
             None
         };
+        let known = known.filter(|a| {
+            set.uid_gid.is_none()
+                || a.file_type() == FileKind::Dir
+                || a.mode.is_some_and(|m| m & 0o6000 == 0)
+        });
         self.attrs_changed(ino, None);
         if let Some(mut attrs) = known {
             if let Some(p) = set.perm {

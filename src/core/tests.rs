@@ -2027,6 +2027,50 @@ async fn setattr_chown_reply_matches_the_server() {
     c.finish();
 }
 
+/// What tar does for every file it extracts: chown, chmod, set times. Without set-id bits
+/// each is one SETSTAT and nothing else, and every reply agrees with the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setattr_owner_mode_times_one_round_trip_each() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"data").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    h.fs.getattr(f, None).await.unwrap();
+    let m = h.meta("f");
+    let when = UNIX_EPOCH + Duration::from_secs(1_500_000_000);
+    let steps = [
+        SetattrRequest {
+            uid: Some(m.uid()),
+            gid: Some(m.gid()),
+            ..Default::default()
+        },
+        SetattrRequest {
+            mode: Some(libc::S_IFREG | 0o640),
+            ..Default::default()
+        },
+        SetattrRequest {
+            atime: Some(TimeSpec::At(when)),
+            mtime: Some(TimeSpec::At(when)),
+            ..Default::default()
+        },
+    ];
+    for (i, set) in steps.into_iter().enumerate() {
+        h.plan.reset_counts();
+        let a = h.fs.setattr(f, None, set).await.unwrap();
+        assert_eq!(
+            h.plan.call_counts(),
+            [(ROp::Setstat, 1)].into_iter().collect(),
+            "step {i}"
+        );
+        let disk = h.meta("f");
+        assert_eq!(
+            (a.uid, a.gid, a.perm as u32, a.size),
+            (disk.uid(), disk.gid(), disk.mode() & 0o7777, disk.len()),
+            "step {i}: reply vs server"
+        );
+    }
+    assert_eq!(h.meta("f").mtime(), 1_500_000_000);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setattr_on_a_symlink() {
     let h = Harness::new();
