@@ -49,7 +49,7 @@ deb=$out/awcp-mount_${version}_${arch}.deb
 mkdir -p "$out"
 # The staging tree is ours alone, made fresh under the output directory.
 stage=$(mktemp -d "$out/stage.XXXXXXXX")
-trap 'if has_mount_at_or_below "$stage"; then warn "something is mounted under $stage; leaving it"; else rm -rf -- "$stage"; fi' EXIT
+trap 'remove_unless_mounted "$stage"' EXIT
 
 header "Staging the package tree in $stage"
 umask 022

@@ -61,14 +61,7 @@ cleanup() {
 
     stop_pid "$sshd_pid"
 
-    if [[ -n $tmp && -d $tmp ]]; then
-        if has_mount_at_or_below "$tmp"; then
-            warn "something is mounted under $tmp; leaving it in place"
-            leftover=1
-        else
-            rm -rf -- "$tmp"
-        fi
-    fi
+    remove_unless_mounted "$tmp" || leftover=1
 
     if ((rc != 0)); then
         if ((leftover)); then

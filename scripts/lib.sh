@@ -176,3 +176,16 @@ SSHD
     # For a port other than 22 a known_hosts line reads "[host]:port keytype key".
     printf '[127.0.0.1]:%s %s\n' "$sshd_port" "$(cut -d' ' -f1,2 "$dir/host_ed25519.pub")" >"$dir/known_hosts"
 }
+
+# Remove a script's own temporary directory, unless something is mounted at or
+# below it: a recursive delete would go through the mount and delete the other
+# side's files. Returns 1, with a warning, when it had to leave the directory.
+remove_unless_mounted() {
+    local dir=$1
+    [[ -n $dir && -d $dir ]] || return 0
+    if has_mount_at_or_below "$dir"; then
+        warn "something is still mounted under $dir; leaving it (unmount it, then rm -rf $dir)"
+        return 1
+    fi
+    rm -rf -- "$dir"
+}

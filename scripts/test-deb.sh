@@ -56,14 +56,7 @@ cleanup() {
         install -d -m 0755 /var/lib/awcp/mounts
     fi
     stop_pid "$sshd_pid"
-    if [[ -n $tmp && -d $tmp ]]; then
-        if has_mount_at_or_below "$tmp"; then
-            warn "something is mounted under $tmp; leaving it"
-            ((rc == 0)) && rc=1
-        else
-            rm -rf -- "$tmp"
-        fi
-    fi
+    remove_unless_mounted "$tmp" || { ((rc == 0)) && rc=1; }
     ((rc == 0)) || printf '\nerror: the package test failed (exit status %d)\n' "$rc" >&2
     exit "$rc"
 }
