@@ -292,6 +292,46 @@ mod tests {
         }
     }
 
+    /// A tree of a million entries walked through the caches (attributes, names that do
+    /// not exist, listings, link targets): each cache keeps at most its bound, so memory
+    /// depends on `max_entries`, not on the size of the tree.
+    #[test]
+    fn a_million_entry_walk_stays_within_the_bound() {
+        let max = 4096;
+        let mut c = MetaCache::new(CacheConfig {
+            max_entries: max,
+            ..CacheConfig::default()
+        });
+        let listing = Arc::new(vec![DirEntry {
+            name: "f".into(),
+            attrs: attrs(1).attrs,
+            nlink: None,
+        }]);
+        for ino in 2..1_000_002u64 {
+            c.touch(ino);
+            c.put_attrs(ino, attrs(ino));
+            c.put_negative(ino, OsStr::new("missing"));
+            c.put_link(ino, PathBuf::from("target"));
+            if ino % 64 == 0 {
+                c.put_dir(ino, listing.clone());
+            }
+        }
+        assert_eq!(c.attrs.len(), max, "attributes");
+        assert_eq!(c.negative.len(), max, "negative lookups");
+        assert_eq!(c.links.len(), max / 4, "link targets");
+        assert_eq!(c.dirs.len(), max / 64, "listings");
+        // The most recent entries are the ones kept.
+        assert_eq!(c.get_attrs(1_000_001).unwrap().attrs.size, Some(1_000_001));
+        assert!(c.get_attrs(2).is_none());
+        // The change clock keeps one number per inode the kernel still holds (as the inode
+        // table does); the kernel forgetting them empties it.
+        for ino in 2..1_000_002u64 {
+            c.forget_inode(ino);
+        }
+        assert!(c.changed.is_empty());
+        assert!(c.len() <= 2 * max);
+    }
+
     #[test]
     fn entries_expire() {
         let mut c = MetaCache::new(CacheConfig {
