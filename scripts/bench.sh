@@ -174,14 +174,7 @@ cleanup() {
     fi
     stop_pid "$relay_pid"
     stop_pid "$sshd_pid"
-    if [[ -n $tmp && -d $tmp ]]; then
-        if has_mount_at_or_below "$tmp"; then
-            warn "something is still mounted under $tmp; leaving it (fusermount3 -u it, then rm -rf $tmp)"
-            ((rc == 0)) && rc=1
-        else
-            rm -rf -- "$tmp"
-        fi
-    fi
+    remove_unless_mounted "$tmp" || { ((rc == 0)) && rc=1; }
     ((rc == 0)) || printf '\nerror: the benchmark failed (exit status %d)\n' "$rc" >&2
     exit "$rc"
 }
