@@ -20,6 +20,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 skip() {
     printf 'package test skipped: %s\n' "$*"
+    echo "package: 0 passed, 0 failed, 1 skipped"
     exit 0
 }
 [[ $(id -u) -eq 0 ]] || skip "it installs a package, so it needs root (sudo $0)"
@@ -57,7 +58,12 @@ cleanup() {
     fi
     stop_pid "$sshd_pid"
     remove_unless_mounted "$tmp" || { ((rc == 0)) && rc=1; }
-    ((rc == 0)) || printf '\nerror: the package test failed (exit status %d)\n' "$rc" >&2
+    if ((rc == 0)); then
+        echo "package: 1 passed, 0 failed"
+    else
+        printf '\nerror: the package test failed (exit status %d)\n' "$rc" >&2
+        echo "package: 0 passed, 1 failed"
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
