@@ -141,11 +141,6 @@ impl InodeTable {
         self.nodes.get(&ino).and_then(|n| n.changed)
     }
 
-    /// The directory and name an inode's path is built from.
-    pub fn name_of(&self, ino: Ino) -> Option<(Ino, OsString)> {
-        self.names_of(ino).into_iter().next()
-    }
-
     /// The inode for `name` in `parent`, if the kernel currently knows one.
     pub fn child(&self, parent: Ino, name: &OsStr) -> Option<Ino> {
         self.by_name.get(&(parent, name.to_os_string())).copied()
