@@ -161,11 +161,9 @@ impl<R: Remote> OpenFile<R> {
         Ok(new)
     }
 
+    /// Latch a failure whose write end is not known (0: never taken for EFBIG).
     pub fn latch(&self, err: RemoteError) {
-        let mut slot = self.error.lock().unwrap();
-        if slot.is_none() {
-            *slot = Some(err);
-        }
+        self.latch_write(err, 0);
     }
 
     /// Latch the failure of a write that would have ended at byte `end`.

@@ -513,6 +513,17 @@ impl<R: Remote> Fs<R> {
     }
 
     /// lstat (or stat, with follow_symlinks) of a server path.
+    /// Attributes of `path` for an inode the kernel holds as `kind` (None: a name seen for
+    /// the first time). An inode keeps the kind it was first shown with: one held as a symlink
+    /// is the link itself, never followed; anything else goes through [`Fs::stat_path`].
+    async fn stat_as(&self, path: &Path, kind: Option<FileKind>) -> Result<Attrs, RemoteError> {
+        if kind == Some(FileKind::Symlink) {
+            self.remote.lstat(path).await
+        } else {
+            self.stat_path(path).await
+        }
+    }
+
     async fn stat_path(&self, path: &Path) -> Result<Attrs, RemoteError> {
         let attrs = self.remote.lstat(path).await?;
         if attrs.file_type() != FileKind::Symlink {
@@ -767,12 +778,7 @@ impl<R: Remote> Fs<R> {
         // An inode keeps the kind it was first shown with (the kernel refuses a change of
         // type and marks the inode bad): one made as a link is the link, never followed.
         let kind = self.inodes.lock().unwrap().kind(ino);
-        let stat = if kind == Some(FileKind::Symlink) {
-            self.remote.lstat(&path).await
-        } else {
-            self.stat_path(&path).await
-        };
-        match stat {
+        match self.stat_as(&path, kind).await {
             Ok(attrs) if kind.is_some_and(|k| k != attrs.file_type()) => {
                 // Replaced by an object of another type, or a followed link that no longer
                 // resolves: not what this inode stands for. ESTALE makes the kernel look the
@@ -876,9 +882,18 @@ impl<R: Remote> Fs<R> {
         // A name the kernel knows as a symlink stays one while it holds the inode (it made
         // it with symlink(2), or saw it unfollowed): follow_symlinks and resource links apply
         // to names seen for the first time.
-        let known_link = {
+        let held_kind = {
             let inodes = self.inodes.lock().unwrap();
-            inodes.child(parent, name).and_then(|i| inodes.kind(i)) == Some(FileKind::Symlink)
+            inodes.child(parent, name).and_then(|i| inodes.kind(i))
+        };
+        let follow = self.config.lock().unwrap().follow_symlinks;
+        // A listing entry answers the lookup when its attributes are known (an unknown size
+        // means it changed through the mount) and it is not a link to follow first.
+        let listing_answers = |e: &DirEntry| {
+            e.attrs.size.is_some()
+                && !(e.attrs.file_type() == FileKind::Symlink
+                    && held_kind != Some(FileKind::Symlink)
+                    && (follow || (parent == ROOT_INO && self.maybe_resource(name))))
         };
         let since = {
             let mut cache = self.cache.lock().unwrap();
@@ -889,15 +904,8 @@ impl<R: Remote> Fs<R> {
                     format!("{}: no such file (cached)", path.display()),
                 ));
             }
-            let follow = self.config.lock().unwrap().follow_symlinks;
             match cache.lookup_in_dir(parent, name) {
-                // (An entry whose size is unknown changed through the mount: ask the server.)
-                Some(Some(e))
-                    if e.attrs.size.is_some()
-                        && !(e.attrs.file_type() == FileKind::Symlink
-                            && !known_link
-                            && (follow || (parent == ROOT_INO && self.maybe_resource(name)))) =>
-                {
+                Some(Some(e)) if listing_answers(&e) => {
                     drop(cache);
                     return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
                 }
@@ -913,7 +921,6 @@ impl<R: Remote> Fs<R> {
         };
         if self.lookups_warrant_listing(parent) {
             if let Some(listing) = self.list_dir_shared(parent).await {
-                let follow = self.config.lock().unwrap().follow_symlinks;
                 match listing.iter().find(|e| e.name == name) {
                     None => {
                         self.cache.lock().unwrap().put_negative(parent, name);
@@ -922,25 +929,14 @@ impl<R: Remote> Fs<R> {
                             format!("{}: not in listing", path.display()),
                         ));
                     }
-                    Some(e)
-                        if e.attrs.size.is_some()
-                            && !(e.attrs.file_type() == FileKind::Symlink
-                                && !known_link
-                                && (follow
-                                    || (parent == ROOT_INO && self.maybe_resource(name)))) =>
-                    {
+                    Some(e) if listing_answers(e) => {
                         return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
                     }
                     Some(_) => {}
                 }
             }
         }
-        let stat = if known_link {
-            self.remote.lstat(&path).await
-        } else {
-            self.stat_path(&path).await
-        };
-        match stat {
+        match self.stat_as(&path, held_kind).await {
             Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
                 self.cache.lock().unwrap().put_negative(parent, name);
