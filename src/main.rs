@@ -458,6 +458,10 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             "  traffic     {} operations, {} bytes read, {} bytes written, {} files open",
             m["ops"], m["bytes_read"], m["bytes_written"], m["open_files"]
         );
+        println!(
+            "  fetched     {} small files opened from a read-ahead",
+            m["opens_fetched_ahead"]
+        );
         println!("  pid         {}", m["pid"]);
     }
     Ok(())

@@ -138,6 +138,14 @@ impl MetaCache {
         self.attrs.pop(&ino);
     }
 
+    /// A name in directory `dir` was added, removed or replaced through the mount: on the
+    /// change clock that is a change of `dir` (a listing of it on its way may predate it, and
+    /// so may a file fetched ahead by name from it).
+    fn names_changed_in(&mut self, dir: Ino) {
+        self.clock += 1;
+        self.changed.insert(dir, self.clock);
+    }
+
     /// Whether `ino` changed after the clock read `since`.
     pub fn changed_since(&self, ino: Ino, since: u64) -> bool {
         self.changed.get(&ino).is_some_and(|&t| t > since)
@@ -179,6 +187,7 @@ impl MetaCache {
     /// A name in `parent` changed in a way we cannot describe: forget what we knew of it and
     /// of the directory's listing.
     pub fn name_changed(&mut self, parent: Ino, name: &OsStr) {
+        self.names_changed_in(parent);
         self.negative.pop(&(parent, name.to_os_string()));
         self.dirs.pop(&parent);
         self.attrs.pop(&parent);
@@ -188,6 +197,7 @@ impl MetaCache {
     /// valid with the entry added (so lookups of the next names created there, which the
     /// kernel makes before every create, need no round trip).
     pub fn name_added(&mut self, parent: Ino, entry: DirEntry) {
+        self.names_changed_in(parent);
         self.negative.pop(&(parent, entry.name.clone()));
         self.attrs.pop(&parent);
         if let Some((listing, _)) = self.dirs.get_mut(&parent) {
@@ -199,6 +209,7 @@ impl MetaCache {
 
     /// `name` was removed from `parent` through the mount.
     pub fn name_removed(&mut self, parent: Ino, name: &OsStr) -> Option<DirEntry> {
+        self.names_changed_in(parent);
         self.negative.pop(&(parent, name.to_os_string()));
         self.attrs.pop(&parent);
         let (listing, _) = self.dirs.get_mut(&parent)?;

@@ -11,6 +11,7 @@ pub mod cache;
 pub mod errno;
 pub mod file;
 pub mod inode;
+pub mod prefetch;
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -26,6 +27,7 @@ use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
 use self::file::{OpenFile, WriteStream};
 use self::inode::{Ino, InodeTable, Location, ROOT_INO};
+use self::prefetch::{SmallFileAhead, Snapshot};
 use crate::error::{FsError, FsResult};
 use crate::policy::containment;
 use crate::policy::enforcer::Enforcer;
@@ -149,6 +151,8 @@ pub struct Stats {
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
     pub remote_errors: AtomicU64,
+    /// Opens answered from a small file fetched ahead (see `prefetch`), without a round trip.
+    pub opens_fetched_ahead: AtomicU64,
 }
 
 /// How many subdirectory listings may be prefetched (queued or in flight) at once, for the
@@ -193,6 +197,11 @@ pub struct Fs<R: Remote> {
     listings_in_flight: Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<Arc<Vec<DirEntry>>>>>>>,
     /// Bounds the subdirectory listings prefetched in the background (see `prefetch_dir`).
     dir_prefetches: Arc<tokio::sync::Semaphore>,
+    /// Small files fetched ahead of their open (see `prefetch`), and the bound on fetches.
+    small_files: SmallFileAhead,
+    file_fetches: Arc<tokio::sync::Semaphore>,
+    /// Descriptors answered from a fetched-ahead snapshot: read from memory, no server handle.
+    snapshots: Mutex<HashMap<u64, Arc<Snapshot>>>,
     pub stats: Stats,
 }
 
@@ -318,6 +327,9 @@ impl<R: Remote> Fs<R> {
             )),
             listings_in_flight: Mutex::new(HashMap::new()),
             dir_prefetches: Arc::new(tokio::sync::Semaphore::new(MAX_DIR_PREFETCHES)),
+            small_files: SmallFileAhead::default(),
+            file_fetches: Arc::new(tokio::sync::Semaphore::new(prefetch::MAX_FILE_FETCHES)),
+            snapshots: Mutex::new(HashMap::new()),
             stats: Stats::default(),
         }
     }
@@ -356,7 +368,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub fn open_file_count(&self) -> usize {
-        self.files.lock().unwrap().len()
+        self.files.lock().unwrap().len() + self.snapshots.lock().unwrap().len()
     }
 
     fn check_writable(&self, what: &str) -> FsResult<()> {
@@ -922,8 +934,8 @@ impl<R: Remote> Fs<R> {
         if self.lookups_warrant_listing(parent) {
             if let Some(listing) = self.list_dir_shared(parent).await {
                 match listing.iter().find(|e| e.name == name) {
-                    None => {
-                        self.cache.lock().unwrap().put_negative(parent, name);
+                    // (Unless the name was created meanwhile: then the server is asked.)
+                    None if self.put_negative_since(parent, name, since) => {
                         return Err(FsError::new(
                             libc::ENOENT,
                             format!("{}: not in listing", path.display()),
@@ -932,14 +944,14 @@ impl<R: Remote> Fs<R> {
                     Some(e) if listing_answers(e) => {
                         return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
                     }
-                    Some(_) => {}
+                    _ => {}
                 }
             }
         }
         match self.stat_as(&path, held_kind).await {
             Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
-                self.cache.lock().unwrap().put_negative(parent, name);
+                self.put_negative_since(parent, name, since);
                 // If the kernel still had an inode for this name, it is gone now.
                 self.inodes.lock().unwrap().detach_name(parent, name);
                 Err(FsError::new(
@@ -949,6 +961,18 @@ impl<R: Remote> Fs<R> {
             }
             Err(e) => Err(self.explain(Op::Lookup, e, &path, None).await),
         }
+    }
+
+    /// Remember that `name` is not in `parent`, as learnt from an answer asked for when the
+    /// change clock read `since`, unless a name in `parent` changed through the mount since
+    /// (the answer may predate the mount's own create). Returns whether it was remembered.
+    fn put_negative_since(&self, parent: Ino, name: &OsStr, since: u64) -> bool {
+        let mut cache = self.cache.lock().unwrap();
+        let fresh = !cache.changed_since(parent, since);
+        if fresh {
+            cache.put_negative(parent, name);
+        }
+        fresh
     }
 
     pub fn forget(&self, ino: Ino, nlookup: u64) {
@@ -973,6 +997,10 @@ impl<R: Remote> Fs<R> {
             // fstat(2) reaches us without a file handle; an unlinked file that is still open
             // can only be asked through one of its handles.
             file = self.any_open_file(ino);
+            if let (None, Some(snap)) = (&file, fh.and_then(|fh| self.snapshot(fh))) {
+                // Open from a snapshot (no server handle): it shows what was read.
+                return Ok((self.make_attr(ino, &snap.attrs, Some(0)), ttl));
+            }
         }
         if let Some(file) = file {
             // An open file is asked through its handle: that works after unlink, too. Writes
@@ -1582,12 +1610,17 @@ impl<R: Remote> Fs<R> {
 
     // ---------------------------------------------------------------- files
 
-    pub async fn open(&self, ino: Ino, req: OpenRequest) -> FsResult<u64> {
+    pub async fn open(self: &Arc<Self>, ino: Ino, req: OpenRequest) -> FsResult<u64> {
         if req.wants_write() {
             self.check_writable("open for writing")?;
         }
         let path = self.path_of(ino)?;
         let flags = req.remote_flags();
+        if !flags.write && !flags.append {
+            if let Some(fh) = self.open_fetched_ahead(ino).await {
+                return Ok(fh);
+            }
+        }
         let handle = match self.remote.open(&path, flags, 0).await {
             Ok(h) => h,
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
@@ -1696,6 +1729,128 @@ impl<R: Remote> Fs<R> {
         Ok(entry)
     }
 
+    fn snapshot(&self, fh: u64) -> Option<Arc<Snapshot>> {
+        self.snapshots.lock().unwrap().get(&fh).cloned()
+    }
+
+    /// Open `ino` for reading from a snapshot fetched ahead, if one is there and still good
+    /// (the checks are listed in `prefetch`); and, when its directory is being read through
+    /// file after file, fetch the next small files of it. None: open on the server as usual.
+    async fn open_fetched_ahead(self: &Arc<Self>, ino: Ino) -> Option<u64> {
+        let ttl = self.attr_ttl_for(ino);
+        if ttl.is_zero() || self.cache_config().dir_ttl.is_zero() {
+            return None;
+        }
+        let (dir, name) = {
+            let inodes = self.inodes.lock().unwrap();
+            if inodes.kind(ino) != Some(FileKind::File) {
+                return None;
+            }
+            inodes.names_of(ino).into_iter().next()?
+        };
+        let (slot, more) = self.small_files.opened(dir, &name);
+        if more {
+            self.fetch_ahead(dir, ttl);
+        }
+        // A fetch still running is waited for; one not started yet is not (the permit it
+        // waits for may be far off): the open goes to the server.
+        let snap = slot?.get_or_init(|| async { None }).await.clone()?;
+        if snap.planned.elapsed() >= ttl {
+            return None;
+        }
+        {
+            let mut cache = self.cache.lock().unwrap();
+            if cache.changed_since(ino, snap.since) || cache.changed_since(dir, snap.since) {
+                return None;
+            }
+            if let Some(c) = cache.get_attrs(ino) {
+                if c.attrs.size != snap.attrs.size || c.attrs.mtime != snap.attrs.mtime {
+                    return None;
+                }
+            }
+        }
+        let fh = self.alloc_fh();
+        self.snapshots.lock().unwrap().insert(fh, snap);
+        self.stats
+            .opens_fetched_ahead
+            .fetch_add(1, Ordering::Relaxed);
+        Some(fh)
+    }
+
+    /// Fetch the next small files of `dir`'s cached listing in the background (see
+    /// `prefetch`). Files with an open descriptor are left alone: a write of ours to them
+    /// may still be on its way.
+    fn fetch_ahead(self: &Arc<Self>, dir: Ino, ttl: Duration) {
+        let Ok(dir_path) = self.path_of(dir) else {
+            return;
+        };
+        let (listing, since) = {
+            let mut cache = self.cache.lock().unwrap();
+            let since = cache.now();
+            match cache.get_dir(dir) {
+                Some(l) => (l, since),
+                None => return,
+            }
+        };
+        let open: std::collections::HashSet<Ino> =
+            self.files.lock().unwrap().values().map(|f| f.ino).collect();
+        let planned = {
+            let inodes = self.inodes.lock().unwrap();
+            self.small_files.plan(dir, &listing, ttl, |name| {
+                inodes.child(dir, name).is_some_and(|i| open.contains(&i))
+            })
+        };
+        for p in planned {
+            let fs = self.clone();
+            let path = dir_path.join(&p.name);
+            self.rt.spawn(async move {
+                let Ok(_permit) = fs.file_fetches.clone().acquire_owned().await else {
+                    return;
+                };
+                let snap = p
+                    .slot
+                    .get_or_init(|| fs.fetch_small_file(&path, p.attrs, since))
+                    .await;
+                if snap.is_none() {
+                    fs.small_files.failed(dir, &p.name, &p.slot);
+                }
+            });
+        }
+    }
+
+    /// OPEN, READ and CLOSE (not waited for) of a small file listed with `attrs`; None unless
+    /// the server gave exactly the listed size.
+    async fn fetch_small_file(
+        &self,
+        path: &Path,
+        attrs: Attrs,
+        since: u64,
+    ) -> Option<Arc<Snapshot>> {
+        let planned = std::time::Instant::now();
+        let size = attrs.size?;
+        let h = self
+            .remote
+            .open(path, OpenFlags::read_only(), 0)
+            .await
+            .ok()?;
+        // One byte more than listed: a file that grew since the listing is noticed.
+        let want = (size + 1).min(u64::from(self.remote.limits().max_read)) as u32;
+        let data = self.remote.read(&h, 0, want).await;
+        let remote = self.remote.clone();
+        self.rt.spawn(async move {
+            let _ = remote.close(&h).await;
+        });
+        let data = data.ok()?;
+        (data.len() as u64 == size && u64::from(want) > size).then(|| {
+            Arc::new(Snapshot {
+                data,
+                attrs,
+                planned,
+                since,
+            })
+        })
+    }
+
     fn file(&self, fh: u64) -> FsResult<Arc<OpenFile<R>>> {
         self.files
             .lock()
@@ -1731,6 +1886,15 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        if let Some(snap) = self.snapshot(fh) {
+            let len = snap.data.len() as u64;
+            let start = offset.min(len) as usize;
+            let end = offset.saturating_add(u64::from(size)).min(len) as usize;
+            self.stats
+                .bytes_read
+                .fetch_add((end - start) as u64, Ordering::Relaxed);
+            return Ok(snap.data[start..end].to_vec());
+        }
         let file = self.file(fh)?;
         // Read-your-writes: writes of this file acknowledged to any application (on any
         // handle, which may be on another SFTP channel) land before the read is sent.
@@ -1876,6 +2040,9 @@ impl<R: Remote> Fs<R> {
 
     /// Every close(2): report a failed write of this file.
     pub async fn flush(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        if self.snapshot(fh).is_some() {
+            return Ok(());
+        }
         let file = self.file(fh)?;
         if let Err(e) = file.drain(self).await {
             let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
@@ -1887,6 +2054,10 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn fsync(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        if self.snapshot(fh).is_some() {
+            // Opened for reading and never written through: nothing of ours to sync.
+            return Ok(());
+        }
         self.flush(fh).await?;
         let file = self.file(fh)?;
         // (flush() above already reported any write lost with an old connection.)
@@ -1906,6 +2077,9 @@ impl<R: Remote> Fs<R> {
     /// Last close: the handle goes away. Errors cannot reach the application any more (the
     /// kernel ignores them); they were reported by flush.
     pub async fn release(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        if self.snapshots.lock().unwrap().remove(&fh).is_some() {
+            return Ok(());
+        }
         let file = self.file(fh)?;
         let drained = file.drain(self).await;
         {
@@ -2021,7 +2195,12 @@ impl<R: Remote> Fs<R> {
             }
         }
         let listing = Arc::new(listing);
-        cache.put_dir(ino, listing.clone());
+        // A name added or removed through the mount while the listing was on its way may be
+        // missing from it, or still in it: answer this request with it, but do not cache it
+        // (it would hide the mount's own change from readdir and lookups until it expires).
+        if !cache.changed_since(ino, since) {
+            cache.put_dir(ino, listing.clone());
+        }
         Ok((listing, since))
     }
 

@@ -14,6 +14,7 @@ use std::fmt::Debug;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -2934,4 +2935,211 @@ async fn posix_ctime_advances_on_every_status_change() {
         .unwrap();
     let e = h.fs.lookup(ROOT, os("h")).await.unwrap().attr;
     assert_eq!((e.mtime, e.ctime), (old, old), "a new inode");
+}
+
+// ------------------------------------------------------------------------------ fetch ahead
+
+/// Open, read whole and release `ino` as `cat` does; returns what was read.
+async fn cat(h: &Harness, ino: Ino) -> Vec<u8> {
+    let fh = h.open(ino, libc::O_RDONLY).await;
+    let data = h.read(fh, 0, 1 << 20).await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    data
+}
+
+/// Wait until the server has seen `n` OPENs (fetches ahead run in the background).
+async fn wait_for_opens(h: &Harness, n: u64) {
+    for _ in 0..500 {
+        if h.plan.calls(ROp::Open) >= n && h.open_handles().await == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "only {} of {n} OPENs reached the server",
+        h.plan.calls(ROp::Open)
+    );
+}
+
+/// A directory with `n` small files `f0..` (listed, so the listing is cached) and their inodes.
+async fn listed_small_files(h: &Harness, n: usize) -> Vec<Ino> {
+    for i in 0..n {
+        std::fs::write(h.disk(format!("f{i}")), pattern(100 + i)).unwrap();
+    }
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    h.fs.readdir(dh, 0).await.unwrap();
+    h.fs.releasedir(dh);
+    let mut inos = Vec::new();
+    for i in 0..n {
+        inos.push(h.lookup(ROOT, format!("f{i}")).await);
+    }
+    h.plan.reset_counts();
+    inos
+}
+
+/// `grep -r` and `cp -r` read a directory file by file: from the second file on, the rest are
+/// fetched ahead together, and their opens need no round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ahead_reading_a_directory_file_by_file_is_answered_from_memory() {
+    let h = Harness::new();
+    std::fs::write(
+        h.disk("big"),
+        pattern(super::prefetch::SMALL_FILE_MAX as usize + 1),
+    )
+    .unwrap();
+    let inos = listed_small_files(&h, 20).await;
+    assert_eq!(cat(&h, inos[0]).await, pattern(100));
+    assert_eq!(cat(&h, inos[1]).await, pattern(101));
+    // The two opens, and one fetch for each of the 18 other small files (not the big one).
+    wait_for_opens(&h, 20).await;
+    let opens = h.plan.calls(ROp::Open);
+    for (i, ino) in inos.iter().enumerate().skip(2) {
+        assert_eq!(cat(&h, *ino).await, pattern(100 + i), "f{i}");
+    }
+    assert_eq!(h.plan.calls(ROp::Open), opens, "an open went to the server");
+    assert_eq!(opens, 20, "{:?}", h.plan.call_counts());
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 18);
+    assert_eq!(
+        h.open_handles().await,
+        0,
+        "a fetch left a server handle open"
+    );
+    assert_eq!(h.fs.open_file_count(), 0);
+}
+
+/// A fetched file changed through the mount afterwards (written, or replaced by a rename) is
+/// read from the server: the mount's own changes are never hidden by a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ahead_never_hides_the_mounts_own_changes() {
+    let h = Harness::new();
+    std::fs::write(h.disk("other"), b"other").unwrap();
+    let inos = listed_small_files(&h, 6).await;
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 6).await;
+
+    // Same length, so only the change clock can tell.
+    let fh = h.open(inos[2], libc::O_WRONLY).await;
+    h.write(fh, 0, b"CHANGED").await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let mut want = pattern(102);
+    want[..7].copy_from_slice(b"CHANGED");
+    assert_eq!(cat(&h, inos[2]).await, want, "written through the mount");
+
+    // f3 is replaced by another file under its name: a new inode, read from the server.
+    h.lookup(ROOT, "other").await;
+    h.fs.rename(ROOT, os("other"), ROOT, os("f3"), 0)
+        .await
+        .unwrap();
+    let f3 = h.lookup(ROOT, "f3").await;
+    assert_eq!(cat(&h, f3).await, b"other");
+    // And the rename changed the directory: what was fetched from it before is not used.
+    let opens = h.plan.calls(ROp::Open);
+    assert_eq!(cat(&h, inos[4]).await, pattern(104));
+    assert!(
+        h.plan.calls(ROp::Open) > opens,
+        "f4 was served from before the rename"
+    );
+}
+
+/// A file that changed on the server between the listing and the fetch (here: grew) is not
+/// served from the fetch, whose size would cut it short.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ahead_a_file_grown_since_the_listing_is_read_from_the_server() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 4).await;
+    std::fs::write(h.disk("f3"), pattern(5000)).unwrap();
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 4).await;
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 0);
+    assert_eq!(cat(&h, inos[2]).await, pattern(102), "fetched ahead");
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        cat(&h, inos[3]).await,
+        pattern(5000),
+        "grown: from the server"
+    );
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 1);
+}
+
+/// Failed fetches (here: the server refuses the OPENs) leave opens working as before; with an
+/// attribute TTL of zero nothing is fetched ahead at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ahead_failed_fetches_and_ttl_zero() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 5).await;
+    cat(&h, inos[0]).await;
+    h.plan.fail_always(
+        ROp::Open,
+        RemoteError::Status(Status::PermissionDenied, String::new()),
+    );
+    assert_errno(
+        h.fs.open(
+            inos[1],
+            OpenRequest {
+                flags: libc::O_RDONLY,
+            },
+        )
+        .await,
+        libc::EACCES,
+        "refused open",
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.plan.clear_all();
+    for (i, ino) in inos.iter().enumerate().skip(1) {
+        assert_eq!(cat(&h, *ino).await, pattern(100 + i), "f{i}");
+    }
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 0);
+
+    let h = Harness::with(
+        config(CacheConfig {
+            attr_ttl: Duration::ZERO,
+            ..long_ttls()
+        }),
+        None,
+    );
+    let inos = listed_small_files(&h, 5).await;
+    for ino in &inos {
+        cat(&h, *ino).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        h.plan.calls(ROp::Open),
+        5,
+        "fetched ahead with a TTL of zero"
+    );
+}
+
+/// A listing that was on its way while a file was created through the mount is not cached:
+/// it may lack the new name, which readdir and lookups must show at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_listing_racing_a_create_is_not_cached() {
+    let h = Harness::new();
+    std::fs::write(h.disk("old"), b"").unwrap();
+    // The listing is taken at once, and answered after the create.
+    h.plan
+        .set_op_reply_delay(ROp::ReadDir, Some(Duration::from_millis(300)));
+    let fs = h.fs.clone();
+    let listing = tokio::spawn(async move { fs.opendir(ROOT).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, fh) = h.create(ROOT, "new").await;
+    h.fs.release(fh).await.unwrap();
+    let dh = listing.await.unwrap().unwrap();
+    h.fs.releasedir(dh);
+    h.plan.set_op_reply_delay(ROp::ReadDir, None);
+
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let names: Vec<OsString> =
+        h.fs.readdir(dh, 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+    h.fs.releasedir(dh);
+    assert!(names.contains(&OsString::from("new")), "{names:?}");
+    h.lookup(ROOT, "new").await;
 }

@@ -115,6 +115,7 @@ struct PlanState {
     short_reads: Option<u32>,
     delay: Option<Duration>,
     op_delays: HashMap<Op, Duration>,
+    reply_delays: HashMap<Op, Duration>,
 }
 
 /// The faults a [`FaultyRemote`] injects. Shared (`Arc`) between the remote and the test, and
@@ -246,6 +247,7 @@ impl FaultPlan {
         s.short_reads = None;
         s.delay = None;
         s.op_delays.clear();
+        s.reply_delays.clear();
     }
 
     /// Drop the connection: every call fails with [`RemoteError::Disconnected`] until
@@ -295,6 +297,20 @@ impl FaultPlan {
             Some(d) => s.op_delays.insert(op, d),
             None => s.op_delays.remove(&op),
         };
+    }
+
+    /// Calls of `op` are performed at once, but their answer waits `delay`: a server that
+    /// is slow to answer (what was asked may have happened before the caller learns it).
+    pub fn set_op_reply_delay(&self, op: Op, delay: Option<Duration>) {
+        let mut s = self.lock();
+        match delay {
+            Some(d) => s.reply_delays.insert(op, d),
+            None => s.reply_delays.remove(&op),
+        };
+    }
+
+    fn reply_delay_for(&self, op: Op) -> Option<Duration> {
+        self.lock().reply_delays.get(&op).copied()
     }
 
     /// Calls of `op` made so far (including those that failed, injected or not).
@@ -499,6 +515,9 @@ impl<R: Remote> FaultyRemote<R> {
     {
         let ticket = self.enter(op, None).await?;
         let result = call().await;
+        if let Some(delay) = self.plan.reply_delay_for(op) {
+            tokio::time::sleep(delay).await;
+        }
         self.plan.verdict(ticket)?;
         result
     }
@@ -515,6 +534,9 @@ impl<R: Remote> FaultyRemote<R> {
     {
         let ticket = self.enter(op, Some(handle.generation)).await?;
         let result = call().await;
+        if let Some(delay) = self.plan.reply_delay_for(op) {
+            tokio::time::sleep(delay).await;
+        }
         self.plan.verdict(ticket)?;
         result
     }

@@ -1,0 +1,306 @@
+//! Small files read ahead of their `open`, a directory at a time.
+//!
+//! `grep -r`, `cp -r` and `git status` (when it rehashes) open the small files of a directory
+//! one after another, and every one costs OPEN, then READ: two round trips in a row, per file,
+//! which is most of their time on any real link (see docs/PERFORMANCE.md). Once a *second*
+//! file of a directory is opened for reading, the next small regular files of the directory's
+//! cached listing are fetched in the background (OPEN, READ, CLOSE; many at once), and an
+//! open that finds its file fetched is answered from memory, without a round trip.
+//!
+//! What keeps this honest (checked by `Fs::open_prefetched` before a snapshot is used):
+//! * a snapshot is used at most once and only while younger than the attribute TTL, the
+//!   promise the attribute cache already makes: a change made on the server shows within it;
+//! * nothing changed the file, or a name in its directory, through the mount since the fetch
+//!   was planned (the change clock, `MetaCache::changed_since`), and no descriptor of the file
+//!   was open when it was planned (so no write of ours can still be on its way);
+//! * the read returned exactly the size in the listing (one byte more is asked for, so a file
+//!   that grew is noticed), and that size and mtime are still what the kernel was told;
+//! * a file the server would not open for us is not fetched, so its open fails as before.
+//!
+//! Memory: at most [`AHEAD_BYTES`] of snapshots not yet opened, mount-wide, each file at most
+//! [`SMALL_FILE_MAX`]; at most [`AHEAD_PER_DIR`] files ahead per directory.
+
+use std::collections::HashSet;
+use std::ffi::{OsStr, OsString};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lru::LruCache;
+use tokio::sync::OnceCell;
+
+use super::inode::Ino;
+use crate::remote::{Attrs, DirEntry, FileKind};
+
+/// Largest file fetched ahead: one READ of OpenSSH's size fits it.
+pub const SMALL_FILE_MAX: u64 = 128 * 1024;
+/// Bytes of fetched-ahead files not yet opened, mount-wide.
+pub const AHEAD_BYTES: u64 = 8 * 1024 * 1024;
+/// Files fetched ahead and not yet opened, per directory.
+pub const AHEAD_PER_DIR: usize = 32;
+/// Files being fetched at once, mount-wide (each holds one server handle meanwhile).
+pub const MAX_FILE_FETCHES: usize = 32;
+/// Directories whose read pattern is remembered.
+const MAX_DIRS: usize = 256;
+/// Names remembered per directory as already opened or fetched (a bigger directory stops
+/// being read ahead past that many).
+const MAX_HANDLED: usize = 4096;
+
+/// A small file's content as the server had it when it was fetched.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub data: Bytes,
+    /// The attributes from the listing the fetch was planned from (the data matched its size).
+    pub attrs: Attrs,
+    /// When the fetch was planned: the snapshot is as old as that.
+    pub planned: Instant,
+    /// The change clock then.
+    pub since: u64,
+}
+
+/// A fetch ahead: empty until the fetch ends, then the snapshot or `None` if it failed. An
+/// open that finds the fetch running waits for it instead of asking the server again.
+pub type Slot = Arc<OnceCell<Option<Arc<Snapshot>>>>;
+
+/// One file to fetch: the name in the directory, its listed attributes and where to put it.
+pub struct Planned {
+    pub name: OsString,
+    pub attrs: Attrs,
+    pub slot: Slot,
+}
+
+struct Pending {
+    slot: Slot,
+    bytes: u64,
+    planned: Instant,
+}
+
+#[derive(Default)]
+struct DirPattern {
+    /// Files of the directory opened for reading.
+    opens: u32,
+    /// Names opened or fetched ahead already (never fetched again this round).
+    handled: HashSet<OsString>,
+}
+
+struct State {
+    /// Fetches not yet taken by an open, by (directory, name), oldest first.
+    pending: LruCache<(Ino, OsString), Pending>,
+    bytes: u64,
+    dirs: LruCache<Ino, DirPattern>,
+}
+
+pub struct SmallFileAhead {
+    state: Mutex<State>,
+}
+
+impl Default for SmallFileAhead {
+    fn default() -> Self {
+        let cap = |n: usize| NonZeroUsize::new(n).expect("non-zero constant");
+        SmallFileAhead {
+            state: Mutex::new(State {
+                pending: LruCache::new(cap(AHEAD_BYTES as usize / 1024)),
+                bytes: 0,
+                dirs: LruCache::new(cap(MAX_DIRS)),
+            }),
+        }
+    }
+}
+
+impl SmallFileAhead {
+    /// `name` in `dir` is being opened for reading. Returns its fetch, if one was made (taken
+    /// out: a snapshot serves one open), and whether more of the directory should be fetched.
+    pub fn opened(&self, dir: Ino, name: &OsStr) -> (Option<Slot>, bool) {
+        let mut s = self.state.lock().unwrap();
+        let slot = s.pending.pop(&(dir, name.to_os_string())).map(|p| {
+            s.bytes -= p.bytes;
+            p.slot
+        });
+        let pattern = s.dirs.get_or_insert_mut(dir, DirPattern::default);
+        if pattern.handled.len() < MAX_HANDLED {
+            pattern.handled.insert(name.to_os_string());
+        }
+        pattern.opens = pattern.opens.saturating_add(1);
+        let reading_through = pattern.opens >= 2;
+        let ahead = s.pending.iter().filter(|((d, _), _)| *d == dir).count();
+        (slot, reading_through && ahead < AHEAD_PER_DIR / 2)
+    }
+
+    /// Choose the next files of `dir`'s `listing` to fetch: regular files of known size up
+    /// to [`SMALL_FILE_MAX`] not handled yet, within the per-directory and mount-wide bounds.
+    /// `skip` says which names must not be fetched (a descriptor of them is open). Fetches
+    /// older than `ttl` that no open took are dropped first.
+    pub fn plan(
+        &self,
+        dir: Ino,
+        listing: &[DirEntry],
+        ttl: Duration,
+        skip: impl Fn(&OsStr) -> bool,
+    ) -> Vec<Planned> {
+        let mut s = self.state.lock().unwrap();
+        while let Some((_, p)) = s.pending.peek_lru() {
+            if p.planned.elapsed() < ttl {
+                break;
+            }
+            if let Some((_, p)) = s.pending.pop_lru() {
+                s.bytes -= p.bytes;
+            }
+        }
+        let mut ahead = s.pending.iter().filter(|((d, _), _)| *d == dir).count();
+        let planned = Instant::now();
+        let mut out = Vec::new();
+        for e in listing {
+            if ahead >= AHEAD_PER_DIR {
+                break;
+            }
+            let Some(size) = e.attrs.size else { continue };
+            if e.attrs.file_type() != FileKind::File
+                || size > SMALL_FILE_MAX
+                || s.bytes + size > AHEAD_BYTES
+            {
+                continue;
+            }
+            let Some(pattern) = s.dirs.get_mut(&dir) else {
+                break;
+            };
+            if pattern.handled.len() >= MAX_HANDLED || pattern.handled.contains(&e.name) {
+                continue;
+            }
+            if skip(&e.name) {
+                continue;
+            }
+            pattern.handled.insert(e.name.clone());
+            let slot: Slot = Arc::default();
+            let key = (dir, e.name.clone());
+            let pending = Pending {
+                slot: slot.clone(),
+                bytes: size,
+                planned,
+            };
+            if let Some((_, evicted)) = s.pending.push(key, pending) {
+                s.bytes -= evicted.bytes;
+            }
+            s.bytes += size;
+            ahead += 1;
+            out.push(Planned {
+                name: e.name.clone(),
+                attrs: e.attrs,
+                slot,
+            });
+        }
+        out
+    }
+
+    /// A fetch failed: forget it, so its bytes count no more (an open of the file goes to
+    /// the server as usual).
+    pub fn failed(&self, dir: Ino, name: &OsStr, slot: &Slot) {
+        let mut s = self.state.lock().unwrap();
+        let key = (dir, name.to_os_string());
+        if s.pending
+            .peek(&key)
+            .is_some_and(|p| Arc::ptr_eq(&p.slot, slot))
+        {
+            if let Some(p) = s.pending.pop(&key) {
+                s.bytes -= p.bytes;
+            }
+        }
+    }
+
+    /// Bytes of fetched files waiting for their open (for tests and status).
+    pub fn bytes_waiting(&self) -> u64 {
+        self.state.lock().unwrap().bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, size: u64) -> DirEntry {
+        DirEntry {
+            name: name.into(),
+            attrs: Attrs {
+                size: Some(size),
+                mode: Some(libc::S_IFREG | 0o644),
+                mtime: Some(1),
+                ..Attrs::default()
+            },
+            nlink: Some(1),
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(20);
+
+    #[test]
+    fn a_second_open_in_a_directory_plans_the_small_files_not_yet_opened() {
+        let ahead = SmallFileAhead::default();
+        let mut listing: Vec<DirEntry> = (0..5).map(|i| file(&format!("f{i}"), 10)).collect();
+        listing.push(file("big", SMALL_FILE_MAX + 1));
+        let mut dir = file("sub", 0);
+        dir.attrs.mode = Some(libc::S_IFDIR | 0o755);
+        listing.push(dir);
+
+        assert!(
+            !ahead.opened(1, OsStr::new("f0")).1,
+            "one open is no pattern"
+        );
+        let (slot, more) = ahead.opened(1, OsStr::new("f1"));
+        assert!(slot.is_none() && more);
+        let planned = ahead.plan(1, &listing, TTL, |n| n == "f3");
+        let names: Vec<_> = planned.iter().map(|p| p.name.clone()).collect();
+        assert_eq!(
+            names,
+            ["f2", "f4"],
+            "not opened, not skipped, small, regular"
+        );
+        assert_eq!(ahead.bytes_waiting(), 20);
+        // Planned once: a second plan finds only what was skipped.
+        assert!(
+            ahead.plan(1, &listing, TTL, |_| false).len() == 1,
+            "only f3 is left"
+        );
+
+        let (slot, _) = ahead.opened(1, OsStr::new("f2"));
+        assert!(slot.is_some(), "the open takes its fetch");
+        assert!(
+            ahead.opened(1, OsStr::new("f2")).0.is_none(),
+            "a snapshot serves one open"
+        );
+    }
+
+    #[test]
+    fn bounded_per_directory_and_in_bytes_and_expired_fetches_are_dropped() {
+        let ahead = SmallFileAhead::default();
+        let listing: Vec<DirEntry> = (0..100).map(|i| file(&format!("f{i}"), 1000)).collect();
+        ahead.opened(7, OsStr::new("x"));
+        ahead.opened(7, OsStr::new("y"));
+        assert_eq!(ahead.plan(7, &listing, TTL, |_| false).len(), AHEAD_PER_DIR);
+        assert_eq!(ahead.plan(7, &listing, TTL, |_| false).len(), 0);
+
+        let big: Vec<DirEntry> = (0..100)
+            .map(|i| file(&format!("g{i}"), SMALL_FILE_MAX))
+            .collect();
+        ahead.opened(8, OsStr::new("x"));
+        ahead.opened(8, OsStr::new("y"));
+        ahead.plan(8, &big, TTL, |_| false);
+        assert!(ahead.bytes_waiting() <= AHEAD_BYTES);
+
+        // A TTL of zero: everything waiting is too old to use and is dropped.
+        ahead.plan(9, &[], Duration::ZERO, |_| false);
+        assert_eq!(ahead.bytes_waiting(), 0);
+    }
+
+    #[test]
+    fn a_failed_fetch_gives_its_bytes_back() {
+        let ahead = SmallFileAhead::default();
+        let listing = vec![file("a", 10), file("b", 10), file("c", 10)];
+        ahead.opened(1, OsStr::new("a"));
+        ahead.opened(1, OsStr::new("b"));
+        let planned = ahead.plan(1, &listing, TTL, |_| false);
+        assert_eq!(planned.len(), 1);
+        ahead.failed(1, &planned[0].name, &planned[0].slot);
+        assert_eq!(ahead.bytes_waiting(), 0);
+        assert!(ahead.opened(1, OsStr::new("c")).0.is_none());
+    }
+}
