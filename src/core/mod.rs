@@ -2129,7 +2129,7 @@ impl<R: Remote> Fs<R> {
     /// than the directory cache lifetime (`dir_ttl`, as sshfs's `dcache_timeout`), which the
     /// mount's own changes keep up to date. A listing another request is fetching (a prefetch,
     /// lookups) is waited for rather than asked for again.
-    pub async fn opendir(&self, ino: Ino) -> FsResult<u64> {
+    pub async fn opendir(self: &Arc<Self>, ino: Ino) -> FsResult<u64> {
         let path = self.path_of(ino)?;
         if ino == ROOT_INO {
             // Learn (once) whether this is an AWCP export, before its entries are shown.
@@ -2159,6 +2159,12 @@ impl<R: Remote> Fs<R> {
                 started: AtomicBool::new(false),
             }),
         );
+        if self.small_files.listing() {
+            let ttl = self.cache_config().attr_ttl;
+            if !ttl.is_zero() {
+                self.fetch_ahead(ino, ttl);
+            }
+        }
         Ok(fh)
     }
 

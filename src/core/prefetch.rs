@@ -7,6 +7,12 @@
 //! cached listing are fetched in the background (OPEN, READ, CLOSE; many at once), and an
 //! open that finds its file fetched is answered from memory, without a round trip.
 //!
+//! While files are being read one after another (three opens for reading within
+//! [`READING_WINDOW`], wherever they are), a tool is walking a tree: then the first open in a
+//! directory, and the directory's `opendir`, are enough (trees of small directories, where a
+//! second open would leave nothing to fetch). A lone `cat` or an editor opening one file
+//! fetches nothing.
+//!
 //! What keeps this honest (checked by `Fs::open_prefetched` before a snapshot is used):
 //! * a snapshot is used at most once and only while younger than the attribute TTL, the
 //!   promise the attribute cache already makes: a change made on the server shows within it;
@@ -43,6 +49,9 @@ pub const AHEAD_PER_DIR: usize = 32;
 pub const MAX_FILE_FETCHES: usize = 32;
 /// Directories whose read pattern is remembered.
 const MAX_DIRS: usize = 256;
+/// Opens for reading this close together mean a tool is reading through files.
+pub const READING_WINDOW: Duration = Duration::from_secs(2);
+const READING_OPENS: usize = 3;
 /// Names remembered per directory as already opened or fetched (a bigger directory stops
 /// being read ahead past that many).
 const MAX_HANDLED: usize = 4096;
@@ -89,6 +98,14 @@ struct State {
     pending: LruCache<(Ino, OsString), Pending>,
     bytes: u64,
     dirs: LruCache<Ino, DirPattern>,
+    /// When the last few files were opened for reading (oldest first).
+    recent_opens: std::collections::VecDeque<Instant>,
+}
+
+impl State {
+    fn reading_through(&self) -> bool {
+        self.recent_opens.len() >= READING_OPENS && self.recent_opens[0].elapsed() < READING_WINDOW
+    }
 }
 
 pub struct SmallFileAhead {
@@ -103,6 +120,7 @@ impl Default for SmallFileAhead {
                 pending: LruCache::new(cap(AHEAD_BYTES as usize / 1024)),
                 bytes: 0,
                 dirs: LruCache::new(cap(MAX_DIRS)),
+                recent_opens: std::collections::VecDeque::with_capacity(READING_OPENS + 1),
             }),
         }
     }
@@ -122,9 +140,20 @@ impl SmallFileAhead {
             pattern.handled.insert(name.to_os_string());
         }
         pattern.opens = pattern.opens.saturating_add(1);
-        let reading_through = pattern.opens >= 2;
+        let second_here = pattern.opens >= 2;
+        s.recent_opens.push_back(Instant::now());
+        if s.recent_opens.len() > READING_OPENS {
+            s.recent_opens.pop_front();
+        }
         let ahead = s.pending.iter().filter(|((d, _), _)| *d == dir).count();
-        (slot, reading_through && ahead < AHEAD_PER_DIR / 2)
+        let more = (second_here || s.reading_through()) && ahead < AHEAD_PER_DIR / 2;
+        (slot, more)
+    }
+
+    /// `dir` is being opened for listing: whether its small files should be fetched now
+    /// (only while a tool is reading through files: the walk is about to read this one).
+    pub fn listing(&self) -> bool {
+        self.state.lock().unwrap().reading_through()
     }
 
     /// Choose the next files of `dir`'s `listing` to fetch: regular files of known size up
@@ -161,9 +190,7 @@ impl SmallFileAhead {
             {
                 continue;
             }
-            let Some(pattern) = s.dirs.get_mut(&dir) else {
-                break;
-            };
+            let pattern = s.dirs.get_or_insert_mut(dir, DirPattern::default);
             if pattern.handled.len() >= MAX_HANDLED || pattern.handled.contains(&e.name) {
                 continue;
             }
@@ -267,6 +294,21 @@ mod tests {
             ahead.opened(1, OsStr::new("f2")).0.is_none(),
             "a snapshot serves one open"
         );
+    }
+
+    #[test]
+    fn opens_in_quick_succession_anywhere_make_a_first_open_or_a_listing_enough() {
+        let ahead = SmallFileAhead::default();
+        assert!(!ahead.listing(), "nothing read yet");
+        assert!(!ahead.opened(1, OsStr::new("a")).1);
+        assert!(!ahead.opened(2, OsStr::new("b")).1);
+        assert!(
+            ahead.opened(3, OsStr::new("c")).1,
+            "third file read in a row"
+        );
+        assert!(ahead.listing());
+        let listing = vec![file("x", 10), file("y", 10)];
+        assert_eq!(ahead.plan(4, &listing, TTL, |_| false).len(), 2);
     }
 
     #[test]
