@@ -418,6 +418,61 @@ fn small_files_read_one_by_one_are_fetched_ahead_and_stay_coherent() {
     );
 }
 
+/// tar sets the mtime and mode of every file it extracts through the descriptor that created
+/// it; the mount queues those behind the writes. On the server, every file must end up with
+/// its content, mode and mtime, read-only ones too.
+#[test]
+fn untar_keeps_modes_and_mtimes() {
+    let m = TestMount::start(&[]);
+    let src = tempfile::tempdir().unwrap();
+    let modes = [0o600, 0o755, 0o444, 0o640, 0o700];
+    for (i, mode) in modes.iter().enumerate() {
+        let p = src.path().join(format!("t/f{i}"));
+        fs::create_dir_all(p.parent().unwrap()).unwrap();
+        fs::write(&p, pattern(i as u64, 3000 * i)).unwrap();
+        set_times(&p, None, Some((1_000_000 + i as i64 * 1000, 0))).unwrap();
+        fs::set_permissions(&p, fs::Permissions::from_mode(*mode)).unwrap();
+    }
+    let tar = src.path().join("t.tar");
+    let st = Command::new("tar")
+        .arg("-cf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(src.path())
+        .arg("t")
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let st = Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(&m.mnt)
+        .status()
+        .unwrap();
+    assert!(st.success(), "tar -x into the mount: {st}");
+    for (i, mode) in modes.iter().enumerate() {
+        let rel = format!("t/f{i}");
+        let on_server = fs::metadata(m.e(&rel)).unwrap();
+        assert_eq!(on_server.mode() & 0o7777, *mode, "{rel} mode");
+        assert_eq!(
+            on_server.mtime(),
+            1_000_000 + i as i64 * 1000,
+            "{rel} mtime"
+        );
+        assert_same_bytes(
+            &fs::read(m.e(&rel)).unwrap(),
+            &pattern(i as u64, 3000 * i),
+            &rel,
+        );
+        let seen = fs::metadata(m.p(&rel)).unwrap();
+        assert_eq!(
+            (seen.mode() & 0o7777, seen.mtime()),
+            (*mode, on_server.mtime())
+        );
+    }
+}
+
 #[test]
 fn server_changes_show_after_the_ttl() {
     // TTLs of 1 s (the defaults are longer).

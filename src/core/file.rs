@@ -13,6 +13,12 @@
 //! * the first failure is latched on the descriptor it was written through and returned by the
 //!   next write, `flush` (every `close`) and `fsync`: an acknowledged write is on the server or
 //!   its loss is reported, never silent.
+//!
+//! `chmod`, `utimens` and a `chown` that keeps owner and group, of a file whose only descriptor
+//! created it (`O_EXCL`, so the server user owns it), go through the same queue, behind the
+//! writes: what `tar` and `cp -p` do to every file they make costs no round trip of its own.
+//! They are reported like writes: a failure comes back from the next write, `flush` or
+//! `fsync`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -22,7 +28,7 @@ use tokio::sync::{mpsc, oneshot, RwLock, Semaphore};
 
 use super::inode::Ino;
 use super::Fs;
-use crate::remote::{OpenFlags, Remote, RemoteError};
+use crate::remote::{Attrs, OpenFlags, Remote, RemoteError, SetAttrs};
 
 /// Bytes of writes in flight per file before the writer waits for answers.
 pub const WRITE_WINDOW: u32 = 16 * 1024 * 1024;
@@ -33,6 +39,12 @@ pub(crate) enum WriteJob<R: Remote> {
         offset: u64,
         data: Bytes,
         done: oneshot::Sender<Result<u32, RemoteError>>,
+    },
+    /// Change attributes through `file`'s handle, in order with the writes before it.
+    SetAttrs {
+        file: Arc<OpenFile<R>>,
+        attrs: SetAttrs,
+        done: oneshot::Sender<()>,
     },
     /// Wait until every earlier write has been answered, then report `file`'s latched error.
     Barrier {
@@ -75,7 +87,7 @@ impl<R: Remote> WriteStream<R> {
                 .spawn(writer_loop(self.clone(), Arc::downgrade(fs), rx));
             *writer = Some(tx);
         }
-        let is_data = matches!(job, WriteJob::Data { .. });
+        let is_data = !matches!(job, WriteJob::Barrier { .. });
         if is_data {
             self.queued.fetch_add(1, Ordering::AcqRel);
         }
@@ -116,6 +128,9 @@ pub struct OpenFile<R: Remote> {
     /// Where the write that failed first (see `error`) would have ended: whether it went past
     /// the largest file the server can hold decides between EFBIG and EIO.
     failed_end: AtomicU64,
+    /// The file's attributes while this descriptor created it and may change its mode and
+    /// times behind the writes (see the module doc); None otherwise.
+    created: Mutex<Option<Attrs>>,
 }
 
 impl<R: Remote> OpenFile<R> {
@@ -129,7 +144,39 @@ impl<R: Remote> OpenFile<R> {
             error: Mutex::new(None),
             written_end: AtomicU64::new(0),
             failed_end: AtomicU64::new(0),
+            created: Mutex::new(None),
         }
+    }
+
+    /// This descriptor created its file, which had `attrs` then.
+    pub fn set_created(&self, attrs: Attrs) {
+        *self.created.lock().unwrap() = Some(attrs);
+    }
+
+    /// The attributes the file has once everything queued lands, if this descriptor created
+    /// it and nothing but writes and changes behind them happened since.
+    pub fn created_attrs(&self) -> Option<Attrs> {
+        *self.created.lock().unwrap()
+    }
+
+    /// Keep the attributes known after a change written behind; None: no longer known.
+    pub fn update_created(&self, attrs: Option<Attrs>) {
+        *self.created.lock().unwrap() = attrs;
+    }
+
+    /// Queue an attribute change behind this file's writes; resolves once it is on its way.
+    pub(crate) fn submit_setattrs(
+        self: &Arc<Self>,
+        fs: &Arc<Fs<R>>,
+        attrs: SetAttrs,
+    ) -> Option<oneshot::Receiver<()>> {
+        let (done, rx) = oneshot::channel();
+        let job = WriteJob::SetAttrs {
+            file: self.clone(),
+            attrs,
+            done,
+        };
+        self.stream.submit(fs, job).then_some(rx)
     }
 
     pub async fn handle(&self) -> R::Handle {
@@ -201,6 +248,10 @@ impl<R: Remote> OpenFile<R> {
         data: Bytes,
         done: oneshot::Sender<Result<u32, RemoteError>>,
     ) -> bool {
+        if let Some(a) = self.created.lock().unwrap().as_mut() {
+            // The server sets the mtime as the write lands: no longer known here.
+            a.mtime = None;
+        }
         let job = WriteJob::Data {
             file: self.clone(),
             offset,
@@ -321,6 +372,35 @@ async fn writer_loop<R: Remote>(
                     .fetch_max(offset + u64::from(len), Ordering::Relaxed);
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
                 let _ = done.send(Ok(len));
+            }
+            WriteJob::SetAttrs { file, attrs, done } => {
+                let me = Arc::as_ptr(&file) as usize;
+                if last.is_some_and(|p| p != me) {
+                    stream.wait_all_answered().await;
+                }
+                last = Some(me);
+                // One unit of the window: "all answered" waits for this one too.
+                if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
+                    let (handle, _) = file.versioned_handle().await;
+                    match remote.fsetstat_queued(&handle, attrs).await {
+                        Ok(ack) => {
+                            let file = file.clone();
+                            tokio::spawn(async move {
+                                if let Err(e) = ack.await {
+                                    tracing::debug!(
+                                        ino = file.ino,
+                                        "setattr behind writes failed: {e}"
+                                    );
+                                    file.latch(e);
+                                }
+                                drop(permit);
+                            });
+                        }
+                        Err(e) => file.latch(e),
+                    }
+                }
+                stream.queued.fetch_sub(1, Ordering::AcqRel);
+                let _ = done.send(());
             }
             WriteJob::Barrier { file, done } => {
                 stream.wait_all_answered().await;

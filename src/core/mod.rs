@@ -426,10 +426,12 @@ impl<R: Remote> Fs<R> {
             }
         };
         let fh = self.alloc_fh();
-        self.files
-            .lock()
-            .unwrap()
-            .insert(fh, Arc::new(OpenFile::new(ino, flags, handle, stream)));
+        let mut files = self.files.lock().unwrap();
+        for other in files.values().filter(|f| f.ino == ino) {
+            // Another descriptor may change the file: what its creator knew is not enough.
+            other.update_created(None);
+        }
+        files.insert(fh, Arc::new(OpenFile::new(ino, flags, handle, stream)));
         fh
     }
 
@@ -1096,6 +1098,25 @@ impl<R: Remote> Fs<R> {
         let file = fh
             .and_then(|fh| self.files.lock().unwrap().get(&fh).cloned())
             .or_else(|| path.is_err().then(|| self.any_open_file(ino)).flatten());
+        // futimens and fchmod reach us without the handle (the kernel passes one only for
+        // ftruncate): the file's sole open descriptor is the one that may have created it.
+        let sole = || {
+            let files = self.files.lock().unwrap();
+            let mut of_ino = files.values().filter(|f| f.ino == ino);
+            match (of_ino.next(), of_ino.next()) {
+                (Some(f), None) => Some(f.clone()),
+                _ => None,
+            }
+        };
+        if let Some(f) = file.clone().or_else(sole) {
+            if let Some(done) = self.setattr_behind(ino, &f, &req).await {
+                return done;
+            }
+        }
+        // Changed otherwise: what descriptors that created the file knew of it is stale.
+        for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+            f.update_created(None);
+        }
         let kind = self.inodes.lock().unwrap().kind(ino);
         // Writes in flight must land before a truncate (or they would extend the file again)
         // and before times are set (or they would bump the mtime afterwards).
@@ -1244,6 +1265,73 @@ impl<R: Remote> Fs<R> {
         }
         let a = self.fetch_attrs(ino).await?;
         Ok(self.make_attr(ino, &a.attrs, a.nlink))
+    }
+
+    /// chmod (without set-id bits), utimens and a chown that keeps owner and group, of a file
+    /// whose only descriptor created it: queued behind its writes instead of waited for (see
+    /// `file`), answered with the attributes they give. None: not such a change, done the
+    /// usual way.
+    async fn setattr_behind(
+        self: &Arc<Self>,
+        ino: Ino,
+        file: &Arc<OpenFile<R>>,
+        req: &SetattrRequest,
+    ) -> Option<FsResult<Attr>> {
+        let mut attrs = file.created_attrs()?;
+        // A chown to the owner and group it has already (tar as root sets them on every file
+        // it extracts) changes nothing the server could refuse, when no set-id bit is there
+        // for it to clear.
+        let same_owner = || {
+            let shown = self.make_attr(ino, &attrs, None);
+            let ids = self.unmap_ids(req.uid.unwrap_or(shown.uid), req.gid.unwrap_or(shown.gid));
+            (Some(ids.0), Some(ids.1)) == (attrs.uid, attrs.gid)
+                && attrs.mode.is_some_and(|m| m & 0o6000 == 0)
+        };
+        let chown = req.uid.is_some() || req.gid.is_some();
+        let only_mode_and_times = req.size.is_none()
+            && (!chown || same_owner())
+            && req.mode.is_none_or(|m| m & 0o6000 == 0)
+            && (chown || req.mode.is_some() || req.atime.is_some() || req.mtime.is_some());
+        let alone = || {
+            self.files
+                .lock()
+                .unwrap()
+                .values()
+                .filter(|f| f.ino == ino)
+                .count()
+                == 1
+        };
+        if !only_mode_and_times || file.peek_error().is_some() || !alone() {
+            return None;
+        }
+        let mut set = SetAttrs::default();
+        if chown {
+            set.uid_gid = attrs.uid.zip(attrs.gid);
+        }
+        if let Some(m) = req.mode {
+            set.perm = Some(m & 0o7777);
+            attrs.mode = Some((attrs.mode.unwrap_or(libc::S_IFREG) & libc::S_IFMT) | (m & 0o7777));
+        }
+        if req.atime.is_some() || req.mtime.is_some() {
+            let atime = req.atime.map(to_seconds).or(attrs.atime)?;
+            let mtime = req.mtime.map(to_seconds).or(attrs.mtime)?;
+            set.atime_mtime = Some((atime, mtime));
+            attrs.atime = Some(atime);
+            attrs.mtime = Some(mtime);
+        }
+        // The answer shows the mtime: it must be known (no write since it was last set).
+        attrs.mtime?;
+        let queued = file.submit_setattrs(self, set)?;
+        let _ = queued.await;
+        file.update_created(Some(attrs));
+        self.status_changed(ino);
+        let end = file.written_end.load(Ordering::Relaxed);
+        let shown = Attrs {
+            size: Some(attrs.size.unwrap_or(0).max(end)),
+            ..attrs
+        };
+        self.attrs_changed(ino, Some(shown));
+        Some(Ok(self.make_attr(ino, &shown, None)))
     }
 
     pub async fn readlink(&self, ino: Ino) -> FsResult<PathBuf> {
@@ -1696,6 +1784,17 @@ impl<R: Remote> Fs<R> {
             self.enforcer.quota.created(entry.attr.ino);
         }
         let fh = self.register_file(entry.attr.ino, flags, handle);
+        if flags.exclusive && flags.write {
+            // Made just now by this descriptor: its mode and times may change behind its
+            // writes (see `setattr_behind`).
+            if let Some(f) = self.files.lock().unwrap().get(&fh) {
+                let kind = attrs.mode.unwrap_or(libc::S_IFREG) & libc::S_IFMT;
+                f.set_created(Attrs {
+                    mode: Some(kind | u32::from(entry.attr.perm)),
+                    ..attrs
+                });
+            }
+        }
         Ok((entry, fh))
     }
 

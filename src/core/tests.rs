@@ -3143,3 +3143,164 @@ async fn cache_listing_racing_a_create_is_not_cached() {
     assert!(names.contains(&OsString::from("new")), "{names:?}");
     h.lookup(ROOT, "new").await;
 }
+
+// ------------------------------------------------------------------------ setattr behind
+
+/// Create `name` as tar and cp do (O_EXCL, write only).
+async fn create_excl(h: &Harness, name: &str) -> (Ino, u64) {
+    let req = OpenRequest {
+        flags: libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+    };
+    let (e, fh) =
+        h.fs.create(ROOT, os(name), FILE_MODE, UMASK, req)
+            .await
+            .unwrap();
+    (e.attr.ino, fh)
+}
+
+fn times(atime: Option<TimeSpec>, mtime: Option<TimeSpec>) -> SetattrRequest {
+    SetattrRequest {
+        atime,
+        mtime,
+        ..Default::default()
+    }
+}
+
+fn chmod(mode: u32) -> SetattrRequest {
+    SetattrRequest {
+        mode: Some(mode),
+        ..Default::default()
+    }
+}
+
+/// What tar does to every file it extracts: create, write, futimens with the atime omitted,
+/// fchown to the owner it has, fchmod (the kernel passes no handle for these), close. The attribute changes queue behind the writes (no stat, no wait of their
+/// own), answer with the attributes they give, and are all on disk after close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_tar_extraction_sets_times_and_mode_without_asking() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.plan.reset_counts();
+    h.write(fh, 0, b"extracted").await;
+    let a =
+        h.fs.setattr(ino, Some(fh), times(None, at(1_000_000)))
+            .await
+            .unwrap();
+    assert_eq!((secs(a.mtime), a.size), (1_000_000, 9));
+    let owner = SetattrRequest {
+        uid: Some(a.uid),
+        gid: Some(a.gid),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(ino, None, owner).await.unwrap();
+    assert_eq!((secs(a.mtime), a.size), (1_000_000, 9));
+    let a = h.fs.setattr(ino, None, chmod(0o751)).await.unwrap();
+    assert_eq!((a.perm, secs(a.mtime), a.size), (0o751, 1_000_000, 9));
+    assert_eq!(
+        (
+            h.plan.calls(ROp::Lstat),
+            h.plan.calls(ROp::Fstat),
+            h.plan.calls(ROp::Setstat)
+        ),
+        (0, 0, 0),
+        "{:?}",
+        h.plan.call_counts()
+    );
+    assert_eq!(h.plan.calls(ROp::Fsetstat), 3);
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let m = h.meta("f");
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"extracted");
+    assert_eq!((m.mode() & 0o7777, m.mtime()), (0o751, 1_000_000));
+    // The atime was not asked to change.
+    let (e, _) = h.fs.getattr(ino, None).await.unwrap();
+    assert_eq!(secs(e.atime), m.atime() as u64);
+}
+
+/// A change behind the writes that the server refuses is reported like a failed write: by
+/// the next flush (close), not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_refused_change_is_reported_at_close() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.write(fh, 0, b"x").await;
+    h.plan.fail_next(
+        ROp::Fsetstat,
+        1,
+        RemoteError::Status(Status::PermissionDenied, String::new()),
+    );
+    h.fs.setattr(ino, Some(fh), times(None, at(5000)))
+        .await
+        .unwrap();
+    assert!(
+        h.fs.flush(fh).await.is_err(),
+        "the refused utimens was not reported"
+    );
+    h.fs.release(fh).await.ok();
+}
+
+/// Not behind the writes (asked and waited for, as before): set-id bits, a chown, a file not
+/// created with O_EXCL by this descriptor, a file with a second descriptor, and a chmod whose
+/// answer would need an mtime that a write has changed since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_only_for_the_creators_mode_and_times() {
+    let h = Harness::new();
+    let refuse = || RemoteError::Status(Status::PermissionDenied, String::new());
+    let mut c = Checks::default();
+
+    let (ino, fh) = create_excl(&h, "setid").await;
+    h.plan.fail_next(ROp::Fsetstat, 1, refuse());
+    c.errno(
+        "chmod u+s",
+        h.fs.setattr(ino, Some(fh), chmod(0o4755)).await,
+        libc::EPERM,
+    );
+    h.fs.release(fh).await.ok();
+
+    let (ino, fh) = create_excl(&h, "chown").await;
+    h.plan.fail_next(ROp::Fsetstat, 1, refuse());
+    let to_other = SetattrRequest {
+        uid: Some(4321),
+        ..Default::default()
+    };
+    c.errno(
+        "chown to another user",
+        h.fs.setattr(ino, Some(fh), to_other).await,
+        libc::EPERM,
+    );
+    h.fs.release(fh).await.ok();
+
+    let (ino, fh) = h.create(ROOT, "not-excl").await;
+    h.plan.fail_next(ROp::Fsetstat, 1, refuse());
+    c.errno(
+        "chmod, no O_EXCL",
+        h.fs.setattr(ino, Some(fh), chmod(0o600)).await,
+        libc::EPERM,
+    );
+    h.fs.release(fh).await.ok();
+
+    let (ino, fh) = create_excl(&h, "two").await;
+    let other = h.open(ino, libc::O_RDONLY).await;
+    h.plan.fail_next(ROp::Fsetstat, 1, refuse());
+    c.errno(
+        "chmod, two descriptors",
+        h.fs.setattr(ino, Some(fh), chmod(0o600)).await,
+        libc::EPERM,
+    );
+    h.fs.release(other).await.ok();
+    h.fs.release(fh).await.ok();
+
+    let (ino, fh) = create_excl(&h, "rewritten").await;
+    h.fs.setattr(ino, Some(fh), times(at(1000), at(1000)))
+        .await
+        .unwrap();
+    h.write(fh, 0, b"later").await;
+    let a = h.fs.setattr(ino, Some(fh), chmod(0o600)).await.unwrap();
+    c.check(
+        "a write after utimens moves the mtime; chmod must not show the old one",
+        secs(a.mtime) > 1000,
+    );
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    c.finish();
+}

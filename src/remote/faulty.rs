@@ -522,6 +522,33 @@ impl<R: Remote> FaultyRemote<R> {
         result
     }
 
+    /// A queued call on a handle (see [`Remote::write_queued`]): the plan's verdict comes
+    /// with the answer, so a failure injected "after performing" fails the ack.
+    async fn forward_queued<F>(
+        &self,
+        op: Op,
+        handle: &FaultyHandle<R::Handle>,
+        call: impl FnOnce() -> F,
+    ) -> RemoteResult<WriteAck>
+    where
+        F: Future<Output = RemoteResult<WriteAck>>,
+    {
+        let ticket = self.enter(op, Some(handle.generation)).await?;
+        let ack = match call().await {
+            Ok(ack) => ack,
+            Err(e) => {
+                self.plan.verdict(ticket)?;
+                return Err(e);
+            }
+        };
+        let plan = Arc::clone(&self.plan);
+        Ok(Box::pin(async move {
+            let result = ack.await;
+            plan.verdict(ticket)?;
+            result
+        }))
+    }
+
     /// A call on a handle: as [`Self::forward`], but a handle of a dropped connection is stale.
     async fn forward_handle<T, F>(
         &self,
@@ -640,21 +667,21 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         offset: u64,
         data: Bytes,
     ) -> RemoteResult<WriteAck> {
-        let ticket = self.enter(Op::Write, Some(handle.generation)).await?;
-        let queued = self.inner.write_queued(&handle.inner, offset, data).await;
-        let ack = match queued {
-            Ok(ack) => ack,
-            Err(e) => {
-                self.plan.verdict(ticket)?;
-                return Err(e);
-            }
-        };
-        let plan = Arc::clone(&self.plan);
-        Ok(Box::pin(async move {
-            let result = ack.await;
-            plan.verdict(ticket)?;
-            result
-        }))
+        self.forward_queued(Op::Write, handle, || {
+            self.inner.write_queued(&handle.inner, offset, data)
+        })
+        .await
+    }
+
+    async fn fsetstat_queued(
+        &self,
+        handle: &Self::Handle,
+        attrs: SetAttrs,
+    ) -> RemoteResult<WriteAck> {
+        self.forward_queued(Op::Fsetstat, handle, || {
+            self.inner.fsetstat_queued(&handle.inner, attrs)
+        })
+        .await
     }
 
     async fn fsync(&self, handle: &Self::Handle) -> RemoteResult<()> {

@@ -369,6 +369,18 @@ pub trait Remote: Send + Sync + 'static {
             Ok(Box::pin(std::future::ready(result)) as WriteAck)
         }
     }
+    /// Queue an FSETSTAT as [`Remote::write_queued`] queues a write: in order with the writes
+    /// queued before it on the same handle, answered through the returned future.
+    fn fsetstat_queued(
+        &self,
+        handle: &Self::Handle,
+        attrs: SetAttrs,
+    ) -> impl Future<Output = RemoteResult<WriteAck>> + Send {
+        async move {
+            let result = self.fsetstat(handle, attrs).await;
+            Ok(Box::pin(std::future::ready(result)) as WriteAck)
+        }
+    }
     fn fsync(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
     fn close(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
 

@@ -906,6 +906,22 @@ impl Remote for SftpRemote {
         }))
     }
 
+    async fn fsetstat_queued(
+        &self,
+        handle: &SftpHandle,
+        attrs: SetAttrs,
+    ) -> RemoteResult<WriteAck> {
+        let c = self.inner.conn_for(handle)?;
+        let req = Request::Fsetstat {
+            handle: &handle.raw,
+            attrs,
+        };
+        let reply = c.channels[handle.channel].send(&req).await?;
+        Ok(Box::pin(async move {
+            reply.wait().await.and_then(|r| expect_ok("FSETSTAT", r))
+        }))
+    }
+
     async fn fsync(&self, handle: &SftpHandle) -> RemoteResult<()> {
         let c = self.inner.conn_for(handle)?;
         if !c.ext.fsync {
