@@ -155,9 +155,11 @@ pub struct Stats {
     pub opens_fetched_ahead: AtomicU64,
 }
 
-/// How many subdirectory listings may be prefetched (queued or in flight) at once, for the
-/// whole mount. Past that, subdirectories are listed when they are opened, as before.
-const MAX_DIR_PREFETCHES: usize = 32;
+/// How many subdirectory listings may wait to be prefetched, for the whole mount. Past that,
+/// subdirectories are listed when they are opened, as before.
+const MAX_DIR_PREFETCHES: usize = 512;
+/// How many of them are fetched at once (each holds a server handle meanwhile).
+const MAX_DIR_LISTINGS_AHEAD: usize = 32;
 
 struct DirHandle {
     ino: Ino,
@@ -197,6 +199,7 @@ pub struct Fs<R: Remote> {
     listings_in_flight: Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<Arc<Vec<DirEntry>>>>>>>,
     /// Bounds the subdirectory listings prefetched in the background (see `prefetch_dir`).
     dir_prefetches: Arc<tokio::sync::Semaphore>,
+    dir_listings_ahead: Arc<tokio::sync::Semaphore>,
     /// Small files fetched ahead of their open (see `prefetch`), and the bound on fetches.
     small_files: SmallFileAhead,
     file_fetches: Arc<tokio::sync::Semaphore>,
@@ -327,6 +330,7 @@ impl<R: Remote> Fs<R> {
             )),
             listings_in_flight: Mutex::new(HashMap::new()),
             dir_prefetches: Arc::new(tokio::sync::Semaphore::new(MAX_DIR_PREFETCHES)),
+            dir_listings_ahead: Arc::new(tokio::sync::Semaphore::new(MAX_DIR_LISTINGS_AHEAD)),
             small_files: SmallFileAhead::default(),
             file_fetches: Arc::new(tokio::sync::Semaphore::new(prefetch::MAX_FILE_FETCHES)),
             snapshots: Mutex::new(HashMap::new()),
@@ -2383,7 +2387,13 @@ impl<R: Remote> Fs<R> {
         let fs = self.clone();
         self.rt.spawn(async move {
             let _permit = permit;
-            fs.list_dir_shared(ino).await;
+            let Ok(_running) = fs.dir_listings_ahead.clone().acquire_owned().await else {
+                return;
+            };
+            // Opened (and so listed) while this waited: nothing to do.
+            if fs.cache.lock().unwrap().get_dir(ino).is_none() {
+                fs.list_dir_shared(ino).await;
+            }
         });
     }
 
