@@ -895,7 +895,18 @@ impl<R: Remote> Fs<R> {
 
     // ---------------------------------------------------------------- namespace
 
-    pub async fn lookup(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
+    /// Look `name` up in `parent`. A directory found is listed in the background (as a
+    /// readdirplus entry is): a path walk (`git status` stats every file of its index, in path
+    /// order) then finds the next level's listing on its way instead of asking name by name.
+    pub async fn lookup(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<Entry> {
+        let entry = self.lookup_name(parent, name).await?;
+        if entry.attr.kind == FileKind::Dir {
+            self.prefetch_dir(entry.attr.ino);
+        }
+        Ok(entry)
+    }
+
+    async fn lookup_name(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
         let path = self.child_path(parent, name)?;
         // A name the kernel knows as a symlink stays one while it holds the inode (it made
         // it with symlink(2), or saw it unfollowed): follow_symlinks and resource links apply
@@ -937,7 +948,13 @@ impl<R: Remote> Fs<R> {
             }
             since
         };
-        if self.lookups_warrant_listing(parent) {
+        // A listing on its way (prefetched) answers sooner than a stat sent now.
+        let listing_coming = self
+            .listings_in_flight
+            .lock()
+            .unwrap()
+            .contains_key(&parent);
+        if listing_coming || self.lookups_warrant_listing(parent) {
             if let Some(listing) = self.list_dir_shared(parent).await {
                 match listing.iter().find(|e| e.name == name) {
                     // (Unless the name was created meanwhile: then the server is asked.)
@@ -2341,6 +2358,10 @@ impl<R: Remote> Fs<R> {
             .clone();
         let listing = cell
             .get_or_init(|| async {
+                // (Listed meanwhile by an opendir, while a prefetch waited its turn.)
+                if let Some(l) = self.cache.lock().unwrap().get_dir(dir) {
+                    return Some(l);
+                }
                 let path = self.path_of(dir).ok()?;
                 self.list_dir(dir, &path).await.ok().map(|(l, _)| l)
             })
@@ -2384,16 +2405,20 @@ impl<R: Remote> Fs<R> {
         let Ok(permit) = self.dir_prefetches.clone().try_acquire_owned() else {
             return;
         };
+        // Registered now, so a lookup made before the task runs joins this listing (taking it
+        // itself if the task is still waiting its turn) instead of stat'ing name by name.
+        self.listings_in_flight
+            .lock()
+            .unwrap()
+            .entry(ino)
+            .or_default();
         let fs = self.clone();
         self.rt.spawn(async move {
             let _permit = permit;
             let Ok(_running) = fs.dir_listings_ahead.clone().acquire_owned().await else {
                 return;
             };
-            // Opened (and so listed) while this waited: nothing to do.
-            if fs.cache.lock().unwrap().get_dir(ino).is_none() {
-                fs.list_dir_shared(ino).await;
-            }
+            fs.list_dir_shared(ino).await;
         });
     }
 

@@ -3306,3 +3306,30 @@ async fn behind_only_for_the_creators_mode_and_times() {
     h.fs.release(fh).await.unwrap();
     c.finish();
 }
+
+/// `git status` stats every file of its index by path: each directory a lookup finds is
+/// listed in the background, and the lookups of its names that follow are answered from that
+/// listing (joining it while it is on its way) instead of one stat each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lookup_of_a_directory_lists_it_ahead_of_the_lookups_in_it() {
+    let h = Harness::new();
+    std::fs::create_dir_all(h.disk("a/b")).unwrap();
+    for i in 0..5 {
+        std::fs::write(h.disk(format!("a/b/f{i}")), b"x").unwrap();
+    }
+    // The listing answers only once it has arrived: slow it down, the lookups wait for it.
+    h.plan
+        .set_op_reply_delay(ROp::ReadDir, Some(Duration::from_millis(100)));
+    let a = h.lookup(ROOT, "a").await;
+    let b = h.lookup(a, "b").await;
+    for i in 0..5 {
+        h.lookup(b, format!("f{i}")).await;
+    }
+    assert_errno(h.fs.lookup(b, os("absent")).await, libc::ENOENT, "absent");
+    let counts = h.plan.call_counts();
+    assert_eq!(
+        h.plan.calls(ROp::Lstat) + h.plan.calls(ROp::Stat),
+        1,
+        "only the first name (a, in a root not listed) is stat'ed: {counts:?}"
+    );
+}
