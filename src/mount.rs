@@ -789,6 +789,7 @@ fn control_handlers(
                 "ops": stats.ops.load(Relaxed),
                 "bytes_read": stats.bytes_read.load(Relaxed),
                 "bytes_written": stats.bytes_written.load(Relaxed),
+                "bytes_striped": stats.bytes_striped.load(Relaxed),
                 "open_files": status_fs.open_file_count(),
             })
         }),
