@@ -59,7 +59,8 @@ pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 pub const MAX_LANES: usize = 4;
 
 /// Bytes put on one lane before the next one takes over (rounded up to whole `max_write`
-/// chunks).
+/// chunks). Turns of one chunk measured the same within noise (256 MiB `dd` at 20 ms: 130
+/// vs 134-138 MiB/s); whole MiBs mean fewer switches between channels.
 pub const STRIPE_UNIT: usize = 1024 * 1024;
 
 pub(crate) enum WriteJob<R: Remote> {
