@@ -1235,6 +1235,86 @@ fn writes_through_two_descriptors_reach_the_server_in_order() {
     );
 }
 
+/// Bytes of a file's writes that went through extra lanes (other SFTP channels), from the
+/// mount's `status`.
+fn bytes_striped(m: &TestMount) -> u64 {
+    let st = awcp_mount::control::request(&m.mnt, "status")
+        .unwrap_or_else(|e| panic!("status of {}: {e}", m.mnt.display()));
+    st["bytes_striped"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no bytes_striped in status: {st}"))
+}
+
+/// A large sequential write is striped over several SFTP channels (each with its own SSH
+/// window and sftp-server process) and lands byte for byte; overwrites right behind a
+/// striped run, through the same and another descriptor, win.
+#[test]
+fn striped_sequential_write_lands_and_keeps_order() {
+    let m = TestMount::start(&[]);
+    const LEN: usize = 48 << 20;
+    let data = pattern(48, LEN);
+    let local = tempfile::tempdir().unwrap();
+    let src = local.path().join("src.bin");
+    fs::write(&src, &data).unwrap();
+    let out = Command::new("dd")
+        .arg(format!("if={}", src.display()))
+        .arg(format!("of={}", m.p("dd.bin").display()))
+        .args(["bs=1M", "conv=fsync", "status=none"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "dd: {out:?}");
+    assert_same_bytes(
+        &fs::read(m.e("dd.bin")).unwrap(),
+        &data,
+        "server copy of dd",
+    );
+    let after_dd = bytes_striped(&m);
+    assert!(
+        after_dd >= 16 << 20,
+        "only {after_dd} bytes of a 48 MiB dd went through extra lanes"
+    );
+
+    // A 24 MiB run, then at once (its last chunks still in flight) overwrites inside it.
+    let mut want = pattern(24, 24 << 20);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("run.bin"))
+        .unwrap();
+    f.write_all(&want).unwrap();
+    for (k, at) in [
+        (1u64, 23 << 20),
+        (2, (20 << 20) + 123),
+        (3, 10 << 20),
+        (4, 5_000_001),
+    ] {
+        let patch = pattern(100 + k, 70_000);
+        f.write_all_at(&patch, at).unwrap();
+        want[at as usize..at as usize + patch.len()].copy_from_slice(&patch);
+    }
+    // Another descriptor, right behind a second run.
+    let second = pattern(25, 12 << 20);
+    f.write_all_at(&second, 8 << 20).unwrap();
+    want[8 << 20..(8 << 20) + second.len()].copy_from_slice(&second);
+    let g = OpenOptions::new().write(true).open(m.p("run.bin")).unwrap();
+    let patch = pattern(200, 300_000);
+    g.write_all_at(&patch, (19 << 20) + 77).unwrap();
+    want[(19 << 20) + 77..(19 << 20) + 77 + patch.len()].copy_from_slice(&patch);
+    drop(g);
+    f.sync_all().unwrap();
+    drop(f);
+    assert_same_bytes(
+        &fs::read(m.e("run.bin")).unwrap(),
+        &want,
+        "server copy after overwrites of a striped run",
+    );
+    assert!(
+        bytes_striped(&m) > after_dd,
+        "the 24 MiB run was not striped"
+    );
+}
+
 #[test]
 fn three_hundred_open_files_on_one_channel() {
     // max_conns=1 puts every handle on one SFTP session: handle slots 128.. are where a

@@ -790,6 +790,7 @@ fn control_handlers(
                 "bytes_read": stats.bytes_read.load(Relaxed),
                 "bytes_written": stats.bytes_written.load(Relaxed),
                 "opens_fetched_ahead": stats.opens_fetched_ahead.load(Relaxed),
+                "bytes_striped": stats.bytes_striped.load(Relaxed),
                 "open_files": status_fs.open_file_count(),
             })
         }),

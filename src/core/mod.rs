@@ -150,6 +150,9 @@ pub struct Stats {
     pub ops: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
+    /// Of the bytes written, those sent through the extra lanes of striped sequential writes
+    /// (see `file.rs`).
+    pub bytes_striped: AtomicU64,
     pub remote_errors: AtomicU64,
     /// Opens answered from a small file fetched ahead (see `prefetch`), without a round trip.
     pub opens_fetched_ahead: AtomicU64,
@@ -2181,6 +2184,13 @@ impl<R: Remote> Fs<R> {
         self.flush(fh).await?;
         let file = self.file(fh)?;
         // (flush() above already reported any write lost with an old connection.)
+        // The descriptor's own handle is enough even when its writes were striped over extra
+        // lanes (other handles, other sftp-server processes): flush() waited for all their
+        // answers, so their data is in the server's page cache, and OpenSSH's
+        // fsync@openssh.com is a plain fsync(2) of the handle's descriptor, which on Linux
+        // (and POSIX: "all data for the open file descriptor" is the file's) writes back every
+        // dirty page of the inode whichever descriptor dirtied it; NFS too flushes the
+        // inode's pages on fsync.
         let remote = &self.remote;
         let result = self
             .with_handle(&file, |h| async move { remote.fsync(&h).await })
@@ -2217,12 +2227,17 @@ impl<R: Remote> Fs<R> {
             self.attrs_changed(file.ino, None);
         }
         // Nobody can see an error of CLOSE (the kernel ignores release errors and flush has
-        // reported write failures), so do not make the application wait for it.
+        // reported write failures), so do not make the application wait for it. The extra
+        // lanes of striped writes are closed with the handle (nothing is in flight on them:
+        // drained above).
         let handle = file.handle().await;
+        let lanes = file.take_lanes();
         let remote = self.remote.clone();
         self.rt.spawn(async move {
-            if let Err(e) = remote.close(&handle).await {
-                tracing::debug!("close: {e}");
+            for h in std::iter::once(handle).chain(lanes) {
+                if let Err(e) = remote.close(&h).await {
+                    tracing::debug!("close: {e}");
+                }
             }
         });
         drained.map_err(|e| remote_err(Op::Close, &e, "write before close"))

@@ -1260,6 +1260,241 @@ async fn wb_partial_utimens_on_an_unlinked_open_file() {
     assert_eq!(secs(a.atime), 1_000_000);
 }
 
+// ------------------------------------------------------------------------------ striping
+
+/// Deterministic bytes, different for each seed (so a misplaced chunk shows).
+fn stripe_pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| {
+            (i as u32)
+                .wrapping_mul(2_654_435_761)
+                .rotate_left(seed as u32 % 31) as u8
+                ^ seed
+        })
+        .collect()
+}
+
+/// Write `data` at `offset` through `fh` as the kernel does for `dd bs=1M`: 1 MiB writes,
+/// each queued behind the previous one, answered as queued.
+async fn write_mib_by_mib(h: &Harness, fh: u64, offset: u64, data: &[u8]) {
+    for (i, piece) in data.chunks(1024 * 1024).enumerate() {
+        h.write(fh, offset + (i * 1024 * 1024) as u64, piece).await;
+    }
+}
+
+fn striped(h: &Harness) -> u64 {
+    h.fs.stats
+        .bytes_striped
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// A long sequential write is spread over extra lanes (here: the file opened again) and
+/// lands byte for byte; the lanes are closed with the descriptor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_large_sequential_write_lands_byte_exact() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "big").await;
+    // 20 MiB and an odd tail, so the last chunk is short.
+    let data = stripe_pattern(7, 20 * 1024 * 1024 + 12_345);
+    write_mib_by_mib(&h, fh, 0, &data).await;
+    h.fs.flush(fh).await.unwrap();
+    let on_disk = std::fs::read(h.disk("big")).unwrap();
+    assert!(on_disk == data, "disk differs from what was written");
+    let lane_bytes = striped(&h);
+    assert!(
+        lane_bytes >= 8 * 1024 * 1024,
+        "only {lane_bytes} bytes went through extra lanes"
+    );
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 1, "lanes opened once");
+    assert!(h.plan.calls(ROp::LaneWrite) > 0);
+    assert_eq!(h.size(f, Some(fh)).await, data.len() as u64);
+    assert!(h.read(fh, 5 * 1024 * 1024, 100_000).await == data[5 << 20..(5 << 20) + 100_000]);
+    h.fs.fsync(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "lanes left open on the server");
+}
+
+/// Chunks that land late, on a lane or on the descriptor's own handle, are still ordered
+/// before a later write that overlaps them: an overwrite of a striped range through the same
+/// descriptor, a new striped run over what the own handle still has in flight, and a write
+/// through another descriptor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_overwrite_after_a_striped_run_keeps_the_later_data() {
+    fn check(h: &Harness, model: &[u8], when: &str) {
+        let on_disk = std::fs::read(h.disk("f")).unwrap();
+        if on_disk != model {
+            let first = on_disk.iter().zip(model).position(|(a, b)| a != b);
+            panic!(
+                "{when}: disk ({} bytes) differs from the model ({} bytes) first at byte {first:?}",
+                on_disk.len(),
+                model.len()
+            );
+        }
+    }
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+
+    // Lanes slow: the run's lane chunks are still on their way when the overwrite comes.
+    h.plan
+        .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(150)));
+    let mut model = stripe_pattern(1, 16 * 1024 * 1024);
+    write_mib_by_mib(&h, fh, 0, &model).await;
+    assert!(striped(&h) > 0, "the run was not striped");
+    // Everywhere past the first 4 MiB, so some of it lies on a lane whatever the unit.
+    for k in 0..12 {
+        let at = (4 << 20) + k * 1_000_000 + 777;
+        h.write(fh, at as u64, b"overwritten").await;
+        model[at..at + 11].copy_from_slice(b"overwritten");
+    }
+    h.fs.flush(fh).await.unwrap();
+    check(&h, &model, "overwrites after a striped run");
+
+    // The own handle slow: an earlier write is still on its way when a new run's lane chunks
+    // would cover it.
+    // (The data is made first: the delay must not be spent computing it.)
+    let second = stripe_pattern(2, 12 * 1024 * 1024);
+    let patch = vec![b'Z'; 3 << 20];
+    h.plan.clear_all();
+    h.plan
+        .set_queue_delay(ROp::Write, Some(Duration::from_millis(300)));
+    h.write(fh, 5 << 20, &patch).await;
+    write_mib_by_mib(&h, fh, 0, &second).await;
+    model[..second.len()].copy_from_slice(&second);
+
+    h.fs.flush(fh).await.unwrap();
+    check(&h, &model, "a striped run over a slow earlier write");
+
+    // Lanes slow again: another descriptor writes over the striped part right behind.
+    let third = stripe_pattern(3, 10 * 1024 * 1024);
+    let patch2 = vec![b'Y'; 5000];
+    h.plan.clear_all();
+    h.plan
+        .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(300)));
+    write_mib_by_mib(&h, fh, 0, &third).await;
+    model[..third.len()].copy_from_slice(&third);
+    let fh2 = h.open(f, libc::O_WRONLY).await;
+    let at2 = 8 * 1024 * 1024 - 2500;
+    h.write(fh2, at2 as u64, &patch2).await;
+    model[at2..at2 + patch2.len()].copy_from_slice(&patch2);
+    h.fs.flush(fh2).await.unwrap();
+    h.fs.flush(fh).await.unwrap();
+    check(
+        &h,
+        &model,
+        "a write through another descriptor after a striped run",
+    );
+    h.plan.clear_all();
+    h.fs.release(fh2).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
+/// A write that fails on an extra lane is reported like any other: by flush, by fsync, and
+/// writes after it are refused until it was reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_failed_lane_write_is_reported_by_flush_and_fsync() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan
+        .fail_next(ROp::LaneWrite, 1, failure("injected on a lane"));
+    let data = stripe_pattern(3, 8 * 1024 * 1024);
+    let mut acked = true;
+    for (i, piece) in data.chunks(1024 * 1024).enumerate() {
+        acked &= h.fs.write(fh, (i << 20) as u64, piece).await.is_ok();
+    }
+    let flushed = h.fs.flush(fh).await;
+    assert!(
+        !acked || flushed.is_err(),
+        "a lane write failed, yet every write was acknowledged and flush succeeded"
+    );
+    if let Err(e) = &flushed {
+        assert_eq!(e.errno, libc::EIO, "{e}");
+    }
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 1);
+
+    // The writes refused after the failure left a gap: a new run, striped again once it is
+    // long enough; a lane failure in it is what fsync reports.
+    h.plan
+        .fail_next(ROp::LaneWrite, 1, failure("injected on a lane"));
+    let more = stripe_pattern(4, 10 * 1024 * 1024);
+    let mut acked = true;
+    for (i, piece) in more.chunks(1024 * 1024).enumerate() {
+        acked &=
+            h.fs.write(fh, (8 << 20) + (i << 20) as u64, piece)
+                .await
+                .is_ok();
+    }
+    let synced = h.fs.fsync(fh).await;
+    assert!(
+        !acked || synced.is_err(),
+        "a lane write failed, yet fsync succeeded"
+    );
+    assert!(h.plan.calls(ROp::LaneWrite) >= 2);
+    h.fs.release(fh).await.ok();
+    assert_eq!(h.open_handles().await, 0);
+}
+
+/// When the file cannot be opened again (its mode was changed after the create, say), the
+/// write is not striped and nothing else changes: no error, every byte lands. The open is
+/// not retried for every write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_refused_extra_open_still_writes_everything() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan.fail_always(
+        ROp::OpenAlongside,
+        RemoteError::Status(Status::PermissionDenied, "mode 0444".into()),
+    );
+    let data = stripe_pattern(5, 12 * 1024 * 1024);
+    write_mib_by_mib(&h, fh, 0, &data).await;
+    h.fs.fsync(fh).await.unwrap();
+    assert!(std::fs::read(h.disk("f")).unwrap() == data);
+    assert_eq!(striped(&h), 0);
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 1, "refused lanes retried");
+    assert_eq!(h.plan.calls(ROp::LaneWrite), 0);
+    h.plan.clear_all();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
+/// O_APPEND writes go to the end whatever their offset: never striped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_never_for_o_append() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "log").await;
+    h.fs.release(fh).await.unwrap();
+    let fh = h.open(f, libc::O_WRONLY | libc::O_APPEND).await;
+    let data = stripe_pattern(6, 6 * 1024 * 1024);
+    write_mib_by_mib(&h, fh, 0, &data).await;
+    h.fs.flush(fh).await.unwrap();
+    assert!(std::fs::read(h.disk("log")).unwrap() == data);
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 0);
+    h.fs.release(fh).await.unwrap();
+}
+
+/// Lanes of a lost connection are dropped: the chunk goes through the descriptor's reopened
+/// handle, new lanes are opened for the rest of the run, nothing is reported (nothing was in
+/// flight) and no server handle leaks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_lanes_of_a_lost_connection_are_replaced() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    let data = stripe_pattern(8, 16 * 1024 * 1024);
+    write_mib_by_mib(&h, fh, 0, &data[..8 << 20]).await;
+    h.fs.flush(fh).await.unwrap();
+    let before = striped(&h);
+    assert!(before > 0);
+    h.plan.disconnect();
+    h.plan.restore();
+    write_mib_by_mib(&h, fh, 8 << 20, &data[8 << 20..]).await;
+    h.fs.flush(fh).await.unwrap();
+    assert!(std::fs::read(h.disk("f")).unwrap() == data);
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 2, "lanes not reopened");
+    assert!(striped(&h) > before, "not striped after the reconnect");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
 // ------------------------------------------------------------------------------ reconnect
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,10 @@
 //!   connection drops gets `Disconnected` (its reply is lost; it may have happened);
 //! * [`FaultPlan::set_short_reads`]: reads return at most K bytes;
 //! * [`FaultPlan::set_delay`] / [`FaultPlan::set_op_delay`]: each call waits first;
+//! * [`FaultPlan::set_queue_delay`]: queued writes are answered at once and land later (in
+//!   order), while the caller goes on, as over a link with latency;
+//! * handles from `open_alongside` (extra lanes of a striped write) are marked: their writes
+//!   count as [`Op::LaneWrite`], so they can be failed or delayed alone;
 //! * [`FaultPlan::calls`]: how many calls of each [`Op`] the core made (whether they failed or
 //!   not), e.g. to check that a cached getattr did not reach the remote.
 //!
@@ -35,7 +39,8 @@ use super::{
 };
 
 /// One kind of remote operation: one method of [`Remote`] (`write_queued` counts as
-/// [`Op::Write`]).
+/// [`Op::Write`], and a write on a handle from `open_alongside` as [`Op::LaneWrite`], so a test
+/// can fail the writes of an extra lane alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
     Lstat,
@@ -46,8 +51,12 @@ pub enum Op {
     Fsetstat,
     ReadDir,
     Open,
+    /// `open_alongside`: an extra lane for a striped write.
+    OpenAlongside,
     Read,
     Write,
+    /// `write`/`write_queued` on a handle opened by `open_alongside`.
+    LaneWrite,
     Fsync,
     Close,
     Remove,
@@ -62,7 +71,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 23] = [
         Op::Lstat,
         Op::Stat,
         Op::Fstat,
@@ -71,8 +80,10 @@ impl Op {
         Op::Fsetstat,
         Op::ReadDir,
         Op::Open,
+        Op::OpenAlongside,
         Op::Read,
         Op::Write,
+        Op::LaneWrite,
         Op::Fsync,
         Op::Close,
         Op::Remove,
@@ -116,6 +127,8 @@ struct PlanState {
     delay: Option<Duration>,
     op_delays: HashMap<Op, Duration>,
     reply_delays: HashMap<Op, Duration>,
+    /// Writes of these ops are answered at once and performed that much later.
+    queue_delays: HashMap<Op, Duration>,
 }
 
 /// The faults a [`FaultyRemote`] injects. Shared (`Arc`) between the remote and the test, and
@@ -248,6 +261,7 @@ impl FaultPlan {
         s.delay = None;
         s.op_delays.clear();
         s.reply_delays.clear();
+        s.queue_delays.clear();
     }
 
     /// Drop the connection: every call fails with [`RemoteError::Disconnected`] until
@@ -311,6 +325,23 @@ impl FaultPlan {
 
     fn reply_delay_for(&self, op: Op) -> Option<Duration> {
         self.lock().reply_delays.get(&op).copied()
+    }
+
+    /// `write_queued` calls of `op` ([`Op::Write`] or [`Op::LaneWrite`]) return at once, and
+    /// each write reaches the wrapped remote `delay` later, in the order they were queued (over
+    /// all handles): as over a link with latency, where the writer goes on meanwhile. With
+    /// it on lane writes and not on others, a lane's write lands after a later write through
+    /// another handle unless the core waits for its answer: what an ordering test needs.
+    pub fn set_queue_delay(&self, op: Op, delay: Option<Duration>) {
+        let mut s = self.lock();
+        match delay {
+            Some(d) => s.queue_delays.insert(op, d),
+            None => s.queue_delays.remove(&op),
+        };
+    }
+
+    fn queue_delay_for(&self, op: Op) -> Option<Duration> {
+        self.lock().queue_delays.get(&op).copied()
     }
 
     /// Calls of `op` made so far (including those that failed, injected or not).
@@ -414,6 +445,8 @@ pub struct FaultyHandle<H> {
     generation: u64,
     /// Key in the wrapper's table of open handles.
     id: u64,
+    /// Opened by `open_alongside`: its writes are [`Op::LaneWrite`]s.
+    lane: bool,
 }
 
 impl<H> FaultyHandle<H> {
@@ -426,11 +459,24 @@ impl<H> FaultyHandle<H> {
     pub fn generation(&self) -> u64 {
         self.generation
     }
+
+    /// Whether it was opened by `open_alongside` (an extra lane).
+    pub fn is_lane(&self) -> bool {
+        self.lane
+    }
+
+    fn write_op(&self) -> Op {
+        if self.lane {
+            Op::LaneWrite
+        } else {
+            Op::Write
+        }
+    }
 }
 
 /// Wraps a remote and injects the faults of its [`FaultPlan`].
 pub struct FaultyRemote<R: Remote> {
-    inner: R,
+    inner: Arc<R>,
     plan: Arc<FaultPlan>,
     /// Handles open on `inner`, by id, with their generation: closed on `inner` once their
     /// connection has dropped.
@@ -438,6 +484,8 @@ pub struct FaultyRemote<R: Remote> {
     next_id: AtomicU64,
     /// The generation up to which stale handles have been closed.
     reaped: AtomicU64,
+    /// Done when the last write delayed by a queue delay has been performed.
+    delayed_tail: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
 }
 
 impl<R: Remote> FaultyRemote<R> {
@@ -450,11 +498,12 @@ impl<R: Remote> FaultyRemote<R> {
     pub fn with_plan(inner: R, plan: Arc<FaultPlan>) -> Self {
         let reaped = AtomicU64::new(plan.generation());
         FaultyRemote {
-            inner,
+            inner: Arc::new(inner),
             plan,
             open: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             reaped,
+            delayed_tail: Mutex::new(None),
         }
     }
 
@@ -637,7 +686,55 @@ impl<R: Remote> Remote for FaultyRemote<R> {
             inner,
             generation,
             id,
+            lane: false,
         })
+    }
+
+    /// Forwarded; counted and faulted once per call as [`Op::OpenAlongside`]. The handles it
+    /// returns are lanes: their writes are [`Op::LaneWrite`]s.
+    async fn open_alongside(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+        beside: &Self::Handle,
+        n: usize,
+    ) -> RemoteResult<Vec<Self::Handle>> {
+        let ticket = self
+            .enter(Op::OpenAlongside, Some(beside.generation))
+            .await?;
+        let generation = ticket.generation;
+        let result = self
+            .inner
+            .open_alongside(path, flags, &beside.inner, n)
+            .await;
+        if let Err(e) = self.plan.verdict(ticket) {
+            // Opened, but the reply was lost: the handles are unreachable.
+            for h in result.iter().flatten() {
+                let _ = self.inner.close(h).await;
+            }
+            return Err(e);
+        }
+        let mut handles = Vec::new();
+        for inner in result? {
+            let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+            self.open_table().insert(id, (generation, inner.clone()));
+            handles.push(FaultyHandle {
+                inner,
+                generation,
+                id,
+                lane: true,
+            });
+        }
+        if self.plan.generation() != generation {
+            for h in &handles {
+                let entry = self.open_table().remove(&h.id);
+                if let Some((_, handle)) = entry {
+                    let _ = self.inner.close(&handle).await;
+                }
+            }
+            return Err(disconnected());
+        }
+        Ok(handles)
     }
 
     async fn read(&self, handle: &Self::Handle, offset: u64, len: u32) -> RemoteResult<Bytes> {
@@ -652,22 +749,45 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     }
 
     async fn write(&self, handle: &Self::Handle, offset: u64, data: Bytes) -> RemoteResult<()> {
-        self.forward_handle(Op::Write, handle, || {
+        self.forward_handle(handle.write_op(), handle, || {
             self.inner.write(&handle.inner, offset, data)
         })
         .await
     }
 
     /// Forwarded to the wrapped remote's `write_queued` (so its pipelining is kept); counted
-    /// and faulted as [`Op::Write`]. An injected failure, or a drop before the answer, shows
-    /// in the returned acknowledgement.
+    /// and faulted as [`Op::Write`] ([`Op::LaneWrite`] on a lane). An injected failure, or a
+    /// drop before the answer, shows in the returned acknowledgement.
     async fn write_queued(
         &self,
         handle: &Self::Handle,
         offset: u64,
         data: Bytes,
     ) -> RemoteResult<WriteAck> {
-        self.forward_queued(Op::Write, handle, || {
+        let op = handle.write_op();
+        if let Some(delay) = self.plan.queue_delay_for(op) {
+            let ticket = self.enter(op, Some(handle.generation)).await?;
+            let (done, tail) = tokio::sync::oneshot::channel();
+            let previous = self
+                .delayed_tail
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .replace(tail);
+            let inner = Arc::clone(&self.inner);
+            let handle = handle.inner.clone();
+            let plan = Arc::clone(&self.plan);
+            return Ok(Box::pin(async move {
+                tokio::time::sleep(delay).await;
+                if let Some(previous) = previous {
+                    let _ = previous.await;
+                }
+                let result = inner.write(&handle, offset, data).await;
+                let _ = done.send(());
+                plan.verdict(ticket)?;
+                result
+            }));
+        }
+        self.forward_queued(op, handle, || {
             self.inner.write_queued(&handle.inner, offset, data)
         })
         .await

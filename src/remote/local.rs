@@ -506,6 +506,30 @@ impl Remote for LocalRemote {
         })
     }
 
+    /// There are no channels here: the file is simply opened again, `n` times (so the core's
+    /// striping of large writes is exercised by its unit tests).
+    async fn open_alongside(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+        _beside: &LocalHandle,
+        n: usize,
+    ) -> RemoteResult<Vec<LocalHandle>> {
+        let mut handles = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.open(path, flags.for_reopen(), 0).await {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    for h in &handles {
+                        let _ = self.close(h).await;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(handles)
+    }
+
     async fn read(&self, handle: &LocalHandle, offset: u64, len: u32) -> RemoteResult<Bytes> {
         let file = handle.file().ok_or_else(bad_handle)?;
         let len = len.min(self.limits.max_read) as usize;

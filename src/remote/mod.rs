@@ -339,6 +339,24 @@ pub trait Remote: Send + Sync + 'static {
             }
         }
     }
+    /// Open `path` again, up to `n` times, each time on a channel (server process, SSH
+    /// flow-control window) that neither `beside` nor another of the new handles uses, on the
+    /// connection `beside` belongs to: extra lanes for a large sequential write (see
+    /// `core::file`). The opens are sent together (one round trip). Fewer than `n` handles, or
+    /// none (the default: a remote without channels has no extra lanes), when there are not
+    /// enough other channels. All or nothing: if one open fails, the others are closed and
+    /// the error is returned (`StaleHandle` if `beside` belongs to a replaced connection).
+    /// `flags` are applied as [`OpenFlags::for_reopen`]: never creates or truncates.
+    fn open_alongside(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+        beside: &Self::Handle,
+        n: usize,
+    ) -> impl Future<Output = RemoteResult<Vec<Self::Handle>>> + Send {
+        let _ = (path, flags, beside, n);
+        async { Ok(Vec::new()) }
+    }
     /// Read up to `len` bytes at `offset`. Fewer bytes (possibly none) means end of file.
     /// `len` is at most `limits().max_read`.
     fn read(

@@ -3,7 +3,10 @@
 //! One SSH connection carries `max_conns` SFTP channels, each served by its own sftp-server
 //! process. Path operations go to the least loaded channel; operations on an open handle go to
 //! the channel that opened it. Every channel pipelines: many tasks may have requests in flight
-//! at once (bounded per channel, see [`channel`]).
+//! at once (bounded per channel, see [`channel`]). Each channel has its own SSH flow-control
+//! window (OpenSSH: 2 MiB), so one channel moves at most that per round trip; `open_alongside`
+//! opens a file again on another channel, which the core uses to spread one file's large
+//! sequential write over several windows.
 //!
 //! Connection loss: without `reconnect`, every operation fails with
 //! [`RemoteError::Disconnected`] from then on; [`SftpRemote::state`] lets the owner notice and
@@ -805,6 +808,46 @@ impl Remote for SftpRemote {
         let c = self.inner.conn().await?;
         let ch = Self::channel_index(&c, c.pick());
         self.open_on(&c, ch, &open_request(path, flags, perm)).await
+    }
+
+    /// On the `n` least loaded channels other than `beside`'s, of its connection.
+    async fn open_alongside(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+        beside: &SftpHandle,
+        n: usize,
+    ) -> RemoteResult<Vec<SftpHandle>> {
+        let c = self.inner.conn_for(beside)?;
+        let count = c.channels.len();
+        let start = c.rr.fetch_add(1, Ordering::Relaxed) % count;
+        let mut others: Vec<usize> = (0..count)
+            .map(|k| (start + k) % count)
+            .filter(|&i| i != beside.channel)
+            .collect();
+        // Stable: round-robin order among equally loaded channels.
+        others.sort_by_key(|&i| c.channels[i].load());
+        others.truncate(n);
+        let req = open_request(path, flags.for_reopen(), 0);
+        let opens = others.iter().map(|&ch| self.open_on(&c, ch, &req));
+        let results = futures_util::future::join_all(opens).await;
+        let mut handles = Vec::with_capacity(results.len());
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_err {
+            for h in &handles {
+                let _ = self.close(h).await;
+            }
+            return Err(e);
+        }
+        Ok(handles)
     }
 
     async fn open_stat(
