@@ -1325,8 +1325,16 @@ fn three_hundred_open_files_on_one_channel() {
     for i in 0..N {
         fs::write(m.e(format!("r{i:03}")), content(i)).unwrap();
     }
+    // Read-write: a small file opened only for reading may be answered from a copy read
+    // ahead, without a server handle, and the handles are what this test is about.
     let files: Vec<File> = (0..N)
-        .map(|i| File::open(m.p(format!("r{i:03}"))).unwrap_or_else(|e| panic!("open {i}: {e}")))
+        .map(|i| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(m.p(format!("r{i:03}")))
+                .unwrap_or_else(|e| panic!("open {i}: {e}"))
+        })
         .collect();
     // All open at once, on the server too (each holds a server handle).
     let server_fds = m.sshd().sftp_server_fds();
