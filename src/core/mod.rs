@@ -207,7 +207,7 @@ pub struct Fs<R: Remote> {
     small_files: SmallFileAhead,
     file_fetches: Arc<tokio::sync::Semaphore>,
     /// Descriptors answered from a fetched-ahead snapshot: read from memory, no server handle.
-    snapshots: Mutex<HashMap<u64, Arc<Snapshot>>>,
+    snapshots: Mutex<HashMap<u64, (Ino, Arc<Snapshot>)>>,
     pub stats: Stats,
 }
 
@@ -421,6 +421,13 @@ impl<R: Remote> Fs<R> {
 
     /// A new open descriptor of `ino`, sharing the file's write queue with the others.
     fn register_file(&self, ino: Ino, flags: OpenFlags, handle: R::Handle) -> u64 {
+        let fh = self.alloc_fh();
+        self.register_file_at(fh, ino, flags, handle);
+        fh
+    }
+
+    /// Register an open file under descriptor number `fh`.
+    fn register_file_at(&self, fh: u64, ino: Ino, flags: OpenFlags, handle: R::Handle) {
         // Lock order: streams, then files (as in release), so an open racing the last
         // close of the same file can never end up with a second stream.
         let mut streams = self.streams.lock().unwrap();
@@ -432,14 +439,12 @@ impl<R: Remote> Fs<R> {
                 s
             }
         };
-        let fh = self.alloc_fh();
         let mut files = self.files.lock().unwrap();
         for other in files.values().filter(|f| f.ino == ino) {
             // Another descriptor may change the file: what its creator knew is not enough.
             other.update_created(None);
         }
         files.insert(fh, Arc::new(OpenFile::new(ino, flags, handle, stream)));
-        fh
     }
 
     fn alloc_fh(&self) -> u64 {
@@ -1853,7 +1858,38 @@ impl<R: Remote> Fs<R> {
     }
 
     fn snapshot(&self, fh: u64) -> Option<Arc<Snapshot>> {
-        self.snapshots.lock().unwrap().get(&fh).cloned()
+        self.snapshots
+            .lock()
+            .unwrap()
+            .get(&fh)
+            .map(|(_, s)| s.clone())
+    }
+
+    /// A descriptor opened from a snapshot reads from it while the file is as it was: not
+    /// changed through the mount since (another descriptor wrote or truncated it) and not
+    /// older than the attribute TTL. Past that it is given a server handle, under the same
+    /// descriptor number, and reads go to the server as for any other open file.
+    async fn read_snapshot(&self, fh: u64) -> FsResult<Option<Arc<Snapshot>>> {
+        let Some((ino, snap)) = self.snapshots.lock().unwrap().get(&fh).cloned() else {
+            return Ok(None);
+        };
+        let fresh = snap.planned.elapsed() < self.attr_ttl_for(ino)
+            && !self.cache.lock().unwrap().changed_since(ino, snap.since);
+        if fresh {
+            return Ok(Some(snap));
+        }
+        let path = self.path_of(ino)?;
+        let handle = match self.remote.open(&path, OpenFlags::read_only(), 0).await {
+            Ok(h) => h,
+            Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
+        };
+        if self.snapshots.lock().unwrap().remove(&fh).is_none() {
+            // Released meanwhile.
+            let _ = self.remote.close(&handle).await;
+            return Err(FsError::new(libc::EBADF, format!("no open file {fh}")));
+        }
+        self.register_file_at(fh, ino, OpenFlags::read_only(), handle);
+        Ok(None)
     }
 
     /// Open `ino` for reading from a snapshot fetched ahead, if one is there and still good
@@ -1893,7 +1929,7 @@ impl<R: Remote> Fs<R> {
             }
         }
         let fh = self.alloc_fh();
-        self.snapshots.lock().unwrap().insert(fh, snap);
+        self.snapshots.lock().unwrap().insert(fh, (ino, snap));
         self.stats
             .opens_fetched_ahead
             .fetch_add(1, Ordering::Relaxed);
@@ -2009,7 +2045,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
-        if let Some(snap) = self.snapshot(fh) {
+        if let Some(snap) = self.read_snapshot(fh).await? {
             let len = snap.data.len() as u64;
             let start = offset.min(len) as usize;
             let end = offset.saturating_add(u64::from(size)).min(len) as usize;

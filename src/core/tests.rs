@@ -3568,3 +3568,36 @@ async fn lookup_of_a_directory_lists_it_ahead_of_the_lookups_in_it() {
         "only the first name (a, in a root not listed) is stat'ed: {counts:?}"
     );
 }
+
+/// A descriptor already reading from a fetched-ahead copy reads from the server once the
+/// file changed through the mount (here: written through another descriptor), as it would
+/// on a local disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ahead_an_open_copy_gives_way_to_a_change_through_the_mount() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 4).await;
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 4).await;
+    let reader = h.open(inos[2], libc::O_RDONLY).await;
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 1);
+    assert_eq!(h.read(reader, 0, 4096).await, pattern(102));
+
+    let writer = h.open(inos[2], libc::O_WRONLY).await;
+    h.write(writer, 0, b"NEW").await;
+    h.fs.flush(writer).await.unwrap();
+    h.fs.release(writer).await.unwrap();
+    let mut want = pattern(102);
+    want[..3].copy_from_slice(b"NEW");
+    assert_eq!(
+        h.read(reader, 0, 4096).await,
+        want,
+        "read from the old copy"
+    );
+    h.fs.release(reader).await.unwrap();
+    assert_eq!(
+        h.open_handles().await,
+        0,
+        "the server handle it got was not closed"
+    );
+}
