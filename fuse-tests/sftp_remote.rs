@@ -857,3 +857,74 @@ async fn throughput() {
         256.0 / secs
     );
 }
+
+/// Lanes for striped writes are opened on other channels than the handle's, each its own
+/// sftp-server, and writes through them land in the same file. An FSETSTAT queued behind
+/// writes is answered after them (the mtime it sets is the one that stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_on_other_channels_and_fsetstat_behind_writes() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let path = sshd.export_dir.join("striped");
+    let h = r.open(&path, rw_create(), 0o644).await.unwrap();
+    let write_only = OpenFlags {
+        write: true,
+        ..Default::default()
+    };
+    let lanes = r.open_alongside(&path, write_only, &h, 3).await.unwrap();
+    assert_eq!(lanes.len(), 3, "the default 4 channels give 3 lanes");
+    let mut channels: Vec<usize> = lanes.iter().map(|l| l.channel()).collect();
+    channels.push(h.channel());
+    channels.sort();
+    channels.dedup();
+    assert_eq!(
+        channels.len(),
+        4,
+        "lanes share a channel: {lanes:?} beside {h:?}"
+    );
+    let mut acks = Vec::new();
+    for (i, lane) in std::iter::once(&h).chain(&lanes).enumerate() {
+        let data = Bytes::from(vec![b'a' + i as u8; 1000]);
+        acks.push(r.write_queued(lane, i as u64 * 1000, data).await.unwrap());
+    }
+    let times = SetAttrs {
+        atime_mtime: Some((1_000_000, 1_000_000)),
+        ..Default::default()
+    };
+    for a in acks {
+        a.await.unwrap();
+    }
+    // Queued right behind a write on the same handle, neither waited for yet.
+    let last = r
+        .write_queued(&h, 4000, Bytes::from_static(b"end"))
+        .await
+        .unwrap();
+    let set = r.fsetstat_queued(&h, times).await.unwrap();
+    last.await.unwrap();
+    set.await.unwrap();
+    let data = std::fs::read(&path).unwrap();
+    assert_eq!(data.len(), 4003);
+    for i in 0..4 {
+        assert!(data[i * 1000..(i + 1) * 1000]
+            .iter()
+            .all(|&b| b == b'a' + i as u8));
+    }
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(&path).unwrap().mtime(), 1_000_000);
+    for l in lanes {
+        r.close(&l).await.unwrap();
+    }
+    r.close(&h).await.unwrap();
+
+    // One channel: no lanes.
+    let mut cfg = sshd.sftp_config();
+    cfg.max_conns = 1;
+    let one = SftpRemote::connect(cfg).await.unwrap();
+    let h = one.open(&path, OpenFlags::read_only(), 0).await.unwrap();
+    assert!(one
+        .open_alongside(&path, write_only, &h, 3)
+        .await
+        .unwrap()
+        .is_empty());
+    one.close(&h).await.unwrap();
+}

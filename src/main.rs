@@ -459,8 +459,8 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             m["ops"], m["bytes_read"], m["bytes_written"], m["open_files"]
         );
         println!(
-            "  fetched     {} small files opened from a read-ahead",
-            m["opens_fetched_ahead"]
+            "  ahead       {} small files opened from a read-ahead, {} bytes written striped",
+            m["opens_fetched_ahead"], m["bytes_striped"]
         );
         println!("  pid         {}", m["pid"]);
     }
