@@ -157,6 +157,14 @@ fn disconnected() -> RemoteError {
     RemoteError::Disconnected("simulated connection loss".to_owned())
 }
 
+/// Set `op`'s entry of a delay map, or remove it (`None`).
+fn set_or_clear(map: &mut HashMap<Op, Duration>, op: Op, delay: Option<Duration>) {
+    match delay {
+        Some(d) => map.insert(op, d),
+        None => map.remove(&op),
+    };
+}
+
 impl FaultPlan {
     /// A plan that injects nothing.
     pub fn new() -> Self {
@@ -306,21 +314,13 @@ impl FaultPlan {
 
     /// Calls of `op` wait `delay` before going to the remote.
     pub fn set_op_delay(&self, op: Op, delay: Option<Duration>) {
-        let mut s = self.lock();
-        match delay {
-            Some(d) => s.op_delays.insert(op, d),
-            None => s.op_delays.remove(&op),
-        };
+        set_or_clear(&mut self.lock().op_delays, op, delay);
     }
 
     /// Calls of `op` are performed at once, but their answer waits `delay`: a server that
     /// is slow to answer (what was asked may have happened before the caller learns it).
     pub fn set_op_reply_delay(&self, op: Op, delay: Option<Duration>) {
-        let mut s = self.lock();
-        match delay {
-            Some(d) => s.reply_delays.insert(op, d),
-            None => s.reply_delays.remove(&op),
-        };
+        set_or_clear(&mut self.lock().reply_delays, op, delay);
     }
 
     fn reply_delay_for(&self, op: Op) -> Option<Duration> {
@@ -333,11 +333,7 @@ impl FaultPlan {
     /// it on lane writes and not on others, a lane's write lands after a later write through
     /// another handle unless the core waits for its answer: what an ordering test needs.
     pub fn set_queue_delay(&self, op: Op, delay: Option<Duration>) {
-        let mut s = self.lock();
-        match delay {
-            Some(d) => s.queue_delays.insert(op, d),
-            None => s.queue_delays.remove(&op),
-        };
+        set_or_clear(&mut self.lock().queue_delays, op, delay);
     }
 
     fn queue_delay_for(&self, op: Op) -> Option<Duration> {
