@@ -199,7 +199,10 @@ pub struct Fs<R: Remote> {
     /// lookups: see `lookups_warrant_listing`.
     lookup_misses: Mutex<lru::LruCache<Ino, (u32, std::time::Instant)>>,
     #[allow(clippy::type_complexity)]
-    listings_in_flight: Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<Arc<Vec<DirEntry>>>>>>>,
+    /// (With the change clock from before each listing was asked for.)
+    #[allow(clippy::type_complexity)]
+    listings_in_flight:
+        Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<(Arc<Vec<DirEntry>>, u64)>>>>>,
     /// Bounds the subdirectory listings prefetched in the background (see `prefetch_dir`).
     dir_prefetches: Arc<tokio::sync::Semaphore>,
     dir_listings_ahead: Arc<tokio::sync::Semaphore>,
@@ -963,7 +966,14 @@ impl<R: Remote> Fs<R> {
             .unwrap()
             .contains_key(&parent);
         if listing_coming || self.lookups_warrant_listing(parent) {
-            if let Some(listing) = self.list_dir_shared(parent).await {
+            // A listing asked for before a name of `parent` changed through the mount (one
+            // joined on its way) may predate the change: then the server is asked.
+            let shared = self
+                .list_dir_shared(parent)
+                .await
+                .filter(|(_, listed)| !self.cache.lock().unwrap().changed_since(parent, *listed));
+            if let Some((listing, listed)) = shared {
+                let since = since.min(listed);
                 match listing.iter().find(|e| e.name == name) {
                     // (Unless the name was created meanwhile: then the server is asked.)
                     None if self.put_negative_since(parent, name, since) => {
@@ -2313,11 +2323,13 @@ impl<R: Remote> Fs<R> {
         let (listing, since) = match cached {
             Some(hit) => hit,
             None => {
-                let since = self.cache.lock().unwrap().now();
                 match self.list_dir_shared(ino).await {
-                    Some(l) => (l, since),
+                    // (Unless a name in it changed through the mount since it was asked for.)
+                    Some((l, listed)) if !self.cache.lock().unwrap().changed_since(ino, listed) => {
+                        (l, listed)
+                    }
                     // Failed: list again on our own, for the error and its explanation.
-                    None => self.list_dir(ino, &path).await?,
+                    _ => self.list_dir(ino, &path).await?,
                 }
             }
         };
@@ -2398,8 +2410,9 @@ impl<R: Remote> Fs<R> {
         entry.0 >= 2
     }
 
-    /// List `dir` for lookups, once however many lookups ask at the same time.
-    async fn list_dir_shared(&self, dir: Ino) -> Option<Arc<Vec<DirEntry>>> {
+    /// List `dir` for lookups, once however many lookups ask at the same time; with the change
+    /// clock from before the listing was asked for (a request joining it may come later).
+    async fn list_dir_shared(&self, dir: Ino) -> Option<(Arc<Vec<DirEntry>>, u64)> {
         let cell = self
             .listings_in_flight
             .lock()
@@ -2410,11 +2423,14 @@ impl<R: Remote> Fs<R> {
         let listing = cell
             .get_or_init(|| async {
                 // (Listed meanwhile by an opendir, while a prefetch waited its turn.)
-                if let Some(l) = self.cache.lock().unwrap().get_dir(dir) {
-                    return Some(l);
+                {
+                    let mut cache = self.cache.lock().unwrap();
+                    if let Some(l) = cache.get_dir(dir) {
+                        return Some((l, cache.now()));
+                    }
                 }
                 let path = self.path_of(dir).ok()?;
-                self.list_dir(dir, &path).await.ok().map(|(l, _)| l)
+                self.list_dir(dir, &path).await.ok()
             })
             .await
             .clone();

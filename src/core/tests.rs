@@ -3601,3 +3601,31 @@ async fn ahead_an_open_copy_gives_way_to_a_change_through_the_mount() {
         "the server handle it got was not closed"
     );
 }
+
+// ------------------------------------------------------------------------------ review
+
+/// A lookup that joins a listing already on its way when a name of the directory was created
+/// or removed through the mount must not answer from that listing: it predates the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_lookup_joining_a_listing_older_than_a_create_or_unlink() {
+    let h = Harness::new();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::fs::write(h.disk("d/old"), b"old").unwrap();
+    // The listing the lookup of d starts is taken at once and answered late.
+    h.plan
+        .set_op_reply_delay(ROp::ReadDir, Some(Duration::from_millis(400)));
+    let d = h.lookup(ROOT, "d").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, fh) = h.create(d, "new").await;
+    h.fs.release(fh).await.unwrap();
+    h.fs.unlink(d, os("old")).await.unwrap();
+    let new = h.fs.lookup(d, os("new")).await;
+    let old = h.fs.lookup(d, os("old")).await;
+    h.plan.set_op_reply_delay(ROp::ReadDir, None);
+    assert!(
+        new.is_ok(),
+        "created through the mount, lookup says {new:?}"
+    );
+    assert_errno(old, libc::ENOENT, "removed through the mount");
+    h.lookup(d, "new").await;
+}
