@@ -378,7 +378,9 @@ impl<R: Remote> Fs<R> {
     }
 
     pub fn open_file_count(&self) -> usize {
-        self.files.lock().unwrap().len() + self.snapshots.lock().unwrap().len()
+        // (One lock at a time: snapshots are locked before files elsewhere.)
+        let files = self.files.lock().unwrap().len();
+        files + self.snapshots.lock().unwrap().len()
     }
 
     fn check_writable(&self, what: &str) -> FsResult<()> {
@@ -1888,18 +1890,34 @@ impl<R: Remote> Fs<R> {
         if fresh {
             return Ok(Some(snap));
         }
+        self.snapshot_to_handle(fh, ino).await?;
+        Ok(None)
+    }
+
+    /// Give descriptor `fh` of `ino`, reading from a snapshot, a server handle under the same
+    /// number.
+    async fn snapshot_to_handle(&self, fh: u64, ino: Ino) -> FsResult<()> {
         let path = self.path_of(ino)?;
         let handle = match self.remote.open(&path, OpenFlags::read_only(), 0).await {
             Ok(h) => h,
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
         };
-        if self.snapshots.lock().unwrap().remove(&fh).is_none() {
-            // Released meanwhile.
-            let _ = self.remote.close(&handle).await;
-            return Err(FsError::new(libc::EBADF, format!("no open file {fh}")));
+        {
+            // Registered under the snapshots' lock: a read that no longer finds the snapshot
+            // finds the open file.
+            let mut snapshots = self.snapshots.lock().unwrap();
+            if snapshots.remove(&fh).is_some() {
+                self.register_file_at(fh, ino, OpenFlags::read_only(), handle);
+                return Ok(());
+            }
         }
-        self.register_file_at(fh, ino, OpenFlags::read_only(), handle);
-        Ok(None)
+        // Another read gave it a server handle first, or it was released meanwhile.
+        let _ = self.remote.close(&handle).await;
+        if self.files.lock().unwrap().contains_key(&fh) {
+            Ok(())
+        } else {
+            Err(FsError::new(libc::EBADF, format!("no open file {fh}")))
+        }
     }
 
     /// Open `ino` for reading from a snapshot fetched ahead, if one is there and still good

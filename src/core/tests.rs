@@ -3629,3 +3629,33 @@ async fn review_lookup_joining_a_listing_older_than_a_create_or_unlink() {
     assert_errno(old, libc::ENOENT, "removed through the mount");
     h.lookup(d, "new").await;
 }
+
+/// Two reads of a fetched-ahead copy that both find it outdated (the file changed through the
+/// mount) both get the server handle: neither fails with EBADF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_ahead_concurrent_reads_switching_to_the_server() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 4).await;
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 4).await;
+    let reader = h.open(inos[2], libc::O_RDONLY).await;
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 1);
+    let writer = h.open(inos[2], libc::O_WRONLY).await;
+    h.write(writer, 0, b"NEW").await;
+    h.fs.flush(writer).await.unwrap();
+    h.fs.release(writer).await.unwrap();
+    h.plan
+        .set_op_delay(ROp::Open, Some(Duration::from_millis(100)));
+    let (fs1, fs2) = (h.fs.clone(), h.fs.clone());
+    let a = tokio::spawn(async move { fs1.read(reader, 0, 3).await });
+    let b = tokio::spawn(async move { fs2.read(reader, 3, 3).await });
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    h.plan.set_op_delay(ROp::Open, None);
+    let mut want = pattern(102);
+    want[..3].copy_from_slice(b"NEW");
+    assert_eq!(a.map_err(|e| e.errno), Ok(want[..3].to_vec()));
+    assert_eq!(b.map_err(|e| e.errno), Ok(want[3..6].to_vec()));
+    h.fs.release(reader).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
