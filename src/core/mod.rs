@@ -1495,6 +1495,7 @@ impl<R: Remote> Fs<R> {
         let path = self.child_path(parent, name)?;
         let ino = self.inodes.lock().unwrap().child(parent, name);
         let size = self.quota_size(ino, &path).await;
+        self.snapshots_to_handles(ino).await;
         if let Err(e) = self.remote.remove(&path).await {
             return Err(self.explain(Op::Unlink, e, &path, None).await);
         }
@@ -1611,6 +1612,10 @@ impl<R: Remote> Fs<R> {
         } else {
             None
         };
+        if mode == RenameMode::Replace {
+            let target = self.inodes.lock().unwrap().child(new_parent, new_name);
+            self.snapshots_to_handles(target).await;
+        }
         if let Err(e) = self.remote.rename(&from, &to, mode).await {
             let mut err = self.explain(Op::Rename, e, &to, Some(&from)).await;
             // Plain SFTP RENAME refuses an existing target with the generic FAILURE.
@@ -1892,6 +1897,27 @@ impl<R: Remote> Fs<R> {
         }
         self.snapshot_to_handle(fh, ino).await?;
         Ok(None)
+    }
+
+    /// `ino`'s name is about to go (unlink, replaced by a rename): descriptors of it reading
+    /// from a snapshot get a server handle now, while it can be opened by that name. The
+    /// handle keeps it readable afterwards, as for any file open when it is removed (the
+    /// snapshot could not tell its own name going from a change of its data).
+    async fn snapshots_to_handles(&self, ino: Option<Ino>) {
+        let Some(ino) = ino else { return };
+        let fhs: Vec<u64> = self
+            .snapshots
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, (i, _))| *i == ino)
+            .map(|(fh, _)| *fh)
+            .collect();
+        for fh in fhs {
+            if let Err(e) = self.snapshot_to_handle(fh, ino).await {
+                tracing::debug!(ino, fh, "no server handle for a fetched-ahead copy: {e}");
+            }
+        }
     }
 
     /// Give descriptor `fh` of `ino`, reading from a snapshot, a server handle under the same

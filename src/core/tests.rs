@@ -3659,3 +3659,39 @@ async fn review_ahead_concurrent_reads_switching_to_the_server() {
     h.fs.release(reader).await.unwrap();
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
 }
+
+/// A descriptor reading from a fetched-ahead copy keeps reading its file after the name is
+/// unlinked or replaced by a rename (open, then unlink), as one with a server handle does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_ahead_an_open_copy_stays_readable_after_unlink_and_rename_over() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 5).await;
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 5).await;
+    let r2 = h.open(inos[2], libc::O_RDONLY).await;
+    let r3 = h.open(inos[3], libc::O_RDONLY).await;
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 2);
+
+    h.fs.unlink(ROOT, os("f2")).await.unwrap();
+    assert_eq!(
+        h.fs.read(r2, 0, 4096).await.map_err(|e| e.errno),
+        Ok(pattern(102)),
+        "read after unlink"
+    );
+    let (_, w) = h.create(ROOT, "other").await;
+    h.write(w, 0, b"other").await;
+    h.fs.flush(w).await.unwrap();
+    h.fs.release(w).await.unwrap();
+    h.fs.rename(ROOT, os("other"), ROOT, os("f3"), 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        h.fs.read(r3, 0, 4096).await.map_err(|e| e.errno),
+        Ok(pattern(103)),
+        "read after the name was replaced"
+    );
+    h.fs.release(r2).await.unwrap();
+    h.fs.release(r3).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
