@@ -1362,16 +1362,23 @@ impl<R: Remote> Fs<R> {
         }
         // The answer shows the mtime: it must be known (no write since it was last set).
         attrs.mtime?;
-        let queued = file.submit_setattrs(self, set)?;
-        let _ = queued.await;
+        // Kept before it is sent: its failure (whenever it is answered) forgets them.
         file.update_created(Some(attrs));
+        let Some(queued) = file.submit_setattrs(self, set) else {
+            file.update_created(None);
+            return None;
+        };
+        let _ = queued.await;
         self.status_changed(ino);
         let end = file.written_end.load(Ordering::Relaxed);
         let shown = Attrs {
             size: Some(attrs.size.unwrap_or(0).max(end)),
             ..attrs
         };
-        self.attrs_changed(ino, Some(shown));
+        // Not cached if it failed already (or a second descriptor came meanwhile).
+        if !file.while_created(|| self.attrs_changed(ino, Some(shown))) {
+            self.attrs_changed(ino, None);
+        }
         Some(Ok(self.make_attr(ino, &shown, None)))
     }
 

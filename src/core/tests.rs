@@ -3695,3 +3695,38 @@ async fn review_ahead_an_open_copy_stays_readable_after_unlink_and_rename_over()
     h.fs.release(r3).await.unwrap();
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
 }
+
+/// A change behind the writes that the server refused is not shown as made: stat shows the
+/// server's mode, and a later change behind the writes does not answer with it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_behind_a_refused_chmod_is_not_shown() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.write(fh, 0, b"x").await;
+    h.fs.setattr(ino, None, times(at(1000), at(1000)))
+        .await
+        .unwrap();
+    h.plan.fail_next(
+        ROp::Fsetstat,
+        1,
+        RemoteError::Status(Status::PermissionDenied, String::new()),
+    );
+    h.plan.reset_counts();
+    let a = h.fs.setattr(ino, None, chmod(0o600)).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::Setstat), 0, "not behind the writes");
+    assert_eq!(a.perm, 0o600, "answered at once");
+    let (a, _) = h.fs.getattr(ino, None).await.unwrap();
+    assert_eq!(a.perm, 0o644, "stat shows the refused chmod");
+    assert!(
+        h.fs.flush(fh).await.is_err(),
+        "the refusal was not reported"
+    );
+    let a =
+        h.fs.setattr(ino, Some(fh), times(at(5000), at(5000)))
+            .await
+            .unwrap();
+    assert_eq!(a.perm, 0o644, "utimens answers with the refused chmod");
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").mode() & 0o7777, 0o644);
+}
