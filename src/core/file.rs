@@ -654,8 +654,22 @@ async fn writer_loop<R: Remote>(
                 }
                 // One unit of the window: "all answered" waits for this one too.
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
-                    let (handle, _) = file.versioned_handle().await;
-                    match remote.fsetstat_queued(&handle, attrs).await {
+                    let (handle, version) = file.versioned_handle().await;
+                    let sent = match remote.fsetstat_queued(&handle, attrs).await {
+                        // Never sent (the handle went with a lost connection): as a write,
+                        // sent again through the reopened handle.
+                        Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
+                            match fs.upgrade() {
+                                Some(fs) => match fs.reopen(&file, version).await {
+                                    Ok(h) => remote.fsetstat_queued(&h, attrs).await,
+                                    Err(_) => Err(RemoteError::StaleHandle),
+                                },
+                                None => Err(RemoteError::StaleHandle),
+                            }
+                        }
+                        r => r,
+                    };
+                    match sent {
                         Ok(ack) => {
                             let file = file.clone();
                             let fs = fs.clone();

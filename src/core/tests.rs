@@ -3730,3 +3730,22 @@ async fn review_behind_a_refused_chmod_is_not_shown() {
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.meta("f").mode() & 0o7777, 0o644);
 }
+
+/// A change behind the writes that was never sent because the connection had dropped is sent
+/// again on the reopened handle, as a write is: nothing was lost, nothing is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_behind_a_change_after_a_reconnect_is_sent_again() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.plan.disconnect();
+    h.plan.restore();
+    h.fs.setattr(ino, None, chmod(0o600)).await.unwrap();
+    assert_eq!(
+        h.fs.flush(fh).await.map_err(|e| e.errno),
+        Ok(()),
+        "a chmod never sent was reported as failed"
+    );
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").mode() & 0o7777, 0o600);
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
