@@ -214,6 +214,16 @@ impl<R: Remote> OpenFile<R> {
         *self.created.lock().unwrap() = attrs;
     }
 
+    /// Run `f` if this descriptor still knows its file's attributes (see `created_attrs`),
+    /// holding them: a failure behind the writes cannot forget them meanwhile. Whether it ran.
+    pub fn while_created(&self, f: impl FnOnce()) -> bool {
+        let created = self.created.lock().unwrap();
+        if created.is_some() {
+            f();
+        }
+        created.is_some()
+    }
+
     /// Queue an attribute change behind this file's writes; resolves once it is on its way.
     pub(crate) fn submit_setattrs(
         self: &Arc<Self>,
@@ -480,6 +490,15 @@ fn drop_lanes<R: Remote>(remote: &Arc<R>, file: &OpenFile<R>) {
     }
 }
 
+/// An attribute change behind the writes failed: the attributes it was answered with (cached,
+/// and kept on the descriptor for the next change behind) are not the file's.
+fn setattrs_failed<R: Remote>(fs: &Weak<Fs<R>>, file: &OpenFile<R>) {
+    file.update_created(None);
+    if let Some(fs) = fs.upgrade() {
+        fs.attrs_changed(file.ino, None);
+    }
+}
+
 async fn writer_loop<R: Remote>(
     stream: Arc<WriteStream<R>>,
     fs: Weak<Fs<R>>,
@@ -635,22 +654,41 @@ async fn writer_loop<R: Remote>(
                 }
                 // One unit of the window: "all answered" waits for this one too.
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
-                    let (handle, _) = file.versioned_handle().await;
-                    match remote.fsetstat_queued(&handle, attrs).await {
+                    let (handle, version) = file.versioned_handle().await;
+                    let sent = match remote.fsetstat_queued(&handle, attrs).await {
+                        // Never sent (the handle went with a lost connection): as a write,
+                        // sent again through the reopened handle.
+                        Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
+                            match fs.upgrade() {
+                                Some(fs) => match fs.reopen(&file, version).await {
+                                    Ok(h) => remote.fsetstat_queued(&h, attrs).await,
+                                    Err(_) => Err(RemoteError::StaleHandle),
+                                },
+                                None => Err(RemoteError::StaleHandle),
+                            }
+                        }
+                        r => r,
+                    };
+                    match sent {
                         Ok(ack) => {
                             let file = file.clone();
+                            let fs = fs.clone();
                             tokio::spawn(async move {
                                 if let Err(e) = ack.await {
                                     tracing::debug!(
                                         ino = file.ino,
                                         "setattr behind writes failed: {e}"
                                     );
+                                    setattrs_failed(&fs, &file);
                                     file.latch(e);
                                 }
                                 drop(permit);
                             });
                         }
-                        Err(e) => file.latch(e),
+                        Err(e) => {
+                            setattrs_failed(&fs, &file);
+                            file.latch(e);
+                        }
                     }
                 }
                 stream.queued.fetch_sub(1, Ordering::AcqRel);

@@ -199,7 +199,10 @@ pub struct Fs<R: Remote> {
     /// lookups: see `lookups_warrant_listing`.
     lookup_misses: Mutex<lru::LruCache<Ino, (u32, std::time::Instant)>>,
     #[allow(clippy::type_complexity)]
-    listings_in_flight: Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<Arc<Vec<DirEntry>>>>>>>,
+    /// (With the change clock from before each listing was asked for.)
+    #[allow(clippy::type_complexity)]
+    listings_in_flight:
+        Mutex<HashMap<Ino, Arc<tokio::sync::OnceCell<Option<(Arc<Vec<DirEntry>>, u64)>>>>>,
     /// Bounds the subdirectory listings prefetched in the background (see `prefetch_dir`).
     dir_prefetches: Arc<tokio::sync::Semaphore>,
     dir_listings_ahead: Arc<tokio::sync::Semaphore>,
@@ -375,7 +378,9 @@ impl<R: Remote> Fs<R> {
     }
 
     pub fn open_file_count(&self) -> usize {
-        self.files.lock().unwrap().len() + self.snapshots.lock().unwrap().len()
+        // (One lock at a time: snapshots are locked before files elsewhere.)
+        let files = self.files.lock().unwrap().len();
+        files + self.snapshots.lock().unwrap().len()
     }
 
     fn check_writable(&self, what: &str) -> FsResult<()> {
@@ -963,7 +968,14 @@ impl<R: Remote> Fs<R> {
             .unwrap()
             .contains_key(&parent);
         if listing_coming || self.lookups_warrant_listing(parent) {
-            if let Some(listing) = self.list_dir_shared(parent).await {
+            // A listing asked for before a name of `parent` changed through the mount (one
+            // joined on its way) may predate the change: then the server is asked.
+            let shared = self
+                .list_dir_shared(parent)
+                .await
+                .filter(|(_, listed)| !self.cache.lock().unwrap().changed_since(parent, *listed));
+            if let Some((listing, listed)) = shared {
+                let since = since.min(listed);
                 match listing.iter().find(|e| e.name == name) {
                     // (Unless the name was created meanwhile: then the server is asked.)
                     None if self.put_negative_since(parent, name, since) => {
@@ -1350,16 +1362,23 @@ impl<R: Remote> Fs<R> {
         }
         // The answer shows the mtime: it must be known (no write since it was last set).
         attrs.mtime?;
-        let queued = file.submit_setattrs(self, set)?;
-        let _ = queued.await;
+        // Kept before it is sent: its failure (whenever it is answered) forgets them.
         file.update_created(Some(attrs));
+        let Some(queued) = file.submit_setattrs(self, set) else {
+            file.update_created(None);
+            return None;
+        };
+        let _ = queued.await;
         self.status_changed(ino);
         let end = file.written_end.load(Ordering::Relaxed);
         let shown = Attrs {
             size: Some(attrs.size.unwrap_or(0).max(end)),
             ..attrs
         };
-        self.attrs_changed(ino, Some(shown));
+        // Not cached if it failed already (or a second descriptor came meanwhile).
+        if !file.while_created(|| self.attrs_changed(ino, Some(shown))) {
+            self.attrs_changed(ino, None);
+        }
         Some(Ok(self.make_attr(ino, &shown, None)))
     }
 
@@ -1483,6 +1502,7 @@ impl<R: Remote> Fs<R> {
         let path = self.child_path(parent, name)?;
         let ino = self.inodes.lock().unwrap().child(parent, name);
         let size = self.quota_size(ino, &path).await;
+        self.snapshots_to_handles(ino).await;
         if let Err(e) = self.remote.remove(&path).await {
             return Err(self.explain(Op::Unlink, e, &path, None).await);
         }
@@ -1599,6 +1619,10 @@ impl<R: Remote> Fs<R> {
         } else {
             None
         };
+        if mode == RenameMode::Replace {
+            let target = self.inodes.lock().unwrap().child(new_parent, new_name);
+            self.snapshots_to_handles(target).await;
+        }
         if let Err(e) = self.remote.rename(&from, &to, mode).await {
             let mut err = self.explain(Op::Rename, e, &to, Some(&from)).await;
             // Plain SFTP RENAME refuses an existing target with the generic FAILURE.
@@ -1878,18 +1902,55 @@ impl<R: Remote> Fs<R> {
         if fresh {
             return Ok(Some(snap));
         }
+        self.snapshot_to_handle(fh, ino).await?;
+        Ok(None)
+    }
+
+    /// `ino`'s name is about to go (unlink, replaced by a rename): descriptors of it reading
+    /// from a snapshot get a server handle now, while it can be opened by that name. The
+    /// handle keeps it readable afterwards, as for any file open when it is removed (the
+    /// snapshot could not tell its own name going from a change of its data).
+    async fn snapshots_to_handles(&self, ino: Option<Ino>) {
+        let Some(ino) = ino else { return };
+        let fhs: Vec<u64> = self
+            .snapshots
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, (i, _))| *i == ino)
+            .map(|(fh, _)| *fh)
+            .collect();
+        for fh in fhs {
+            if let Err(e) = self.snapshot_to_handle(fh, ino).await {
+                tracing::debug!(ino, fh, "no server handle for a fetched-ahead copy: {e}");
+            }
+        }
+    }
+
+    /// Give descriptor `fh` of `ino`, reading from a snapshot, a server handle under the same
+    /// number.
+    async fn snapshot_to_handle(&self, fh: u64, ino: Ino) -> FsResult<()> {
         let path = self.path_of(ino)?;
         let handle = match self.remote.open(&path, OpenFlags::read_only(), 0).await {
             Ok(h) => h,
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
         };
-        if self.snapshots.lock().unwrap().remove(&fh).is_none() {
-            // Released meanwhile.
-            let _ = self.remote.close(&handle).await;
-            return Err(FsError::new(libc::EBADF, format!("no open file {fh}")));
+        {
+            // Registered under the snapshots' lock: a read that no longer finds the snapshot
+            // finds the open file.
+            let mut snapshots = self.snapshots.lock().unwrap();
+            if snapshots.remove(&fh).is_some() {
+                self.register_file_at(fh, ino, OpenFlags::read_only(), handle);
+                return Ok(());
+            }
         }
-        self.register_file_at(fh, ino, OpenFlags::read_only(), handle);
-        Ok(None)
+        // Another read gave it a server handle first, or it was released meanwhile.
+        let _ = self.remote.close(&handle).await;
+        if self.files.lock().unwrap().contains_key(&fh) {
+            Ok(())
+        } else {
+            Err(FsError::new(libc::EBADF, format!("no open file {fh}")))
+        }
     }
 
     /// Open `ino` for reading from a snapshot fetched ahead, if one is there and still good
@@ -2313,11 +2374,13 @@ impl<R: Remote> Fs<R> {
         let (listing, since) = match cached {
             Some(hit) => hit,
             None => {
-                let since = self.cache.lock().unwrap().now();
                 match self.list_dir_shared(ino).await {
-                    Some(l) => (l, since),
+                    // (Unless a name in it changed through the mount since it was asked for.)
+                    Some((l, listed)) if !self.cache.lock().unwrap().changed_since(ino, listed) => {
+                        (l, listed)
+                    }
                     // Failed: list again on our own, for the error and its explanation.
-                    None => self.list_dir(ino, &path).await?,
+                    _ => self.list_dir(ino, &path).await?,
                 }
             }
         };
@@ -2398,8 +2461,9 @@ impl<R: Remote> Fs<R> {
         entry.0 >= 2
     }
 
-    /// List `dir` for lookups, once however many lookups ask at the same time.
-    async fn list_dir_shared(&self, dir: Ino) -> Option<Arc<Vec<DirEntry>>> {
+    /// List `dir` for lookups, once however many lookups ask at the same time; with the change
+    /// clock from before the listing was asked for (a request joining it may come later).
+    async fn list_dir_shared(&self, dir: Ino) -> Option<(Arc<Vec<DirEntry>>, u64)> {
         let cell = self
             .listings_in_flight
             .lock()
@@ -2410,11 +2474,14 @@ impl<R: Remote> Fs<R> {
         let listing = cell
             .get_or_init(|| async {
                 // (Listed meanwhile by an opendir, while a prefetch waited its turn.)
-                if let Some(l) = self.cache.lock().unwrap().get_dir(dir) {
-                    return Some(l);
+                {
+                    let mut cache = self.cache.lock().unwrap();
+                    if let Some(l) = cache.get_dir(dir) {
+                        return Some((l, cache.now()));
+                    }
                 }
                 let path = self.path_of(dir).ok()?;
-                self.list_dir(dir, &path).await.ok().map(|(l, _)| l)
+                self.list_dir(dir, &path).await.ok()
             })
             .await
             .clone();

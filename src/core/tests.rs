@@ -3601,3 +3601,151 @@ async fn ahead_an_open_copy_gives_way_to_a_change_through_the_mount() {
         "the server handle it got was not closed"
     );
 }
+
+// ------------------------------------------------------------------------------ review
+
+/// A lookup that joins a listing already on its way when a name of the directory was created
+/// or removed through the mount must not answer from that listing: it predates the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_lookup_joining_a_listing_older_than_a_create_or_unlink() {
+    let h = Harness::new();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::fs::write(h.disk("d/old"), b"old").unwrap();
+    // The listing the lookup of d starts is taken at once and answered late.
+    h.plan
+        .set_op_reply_delay(ROp::ReadDir, Some(Duration::from_millis(400)));
+    let d = h.lookup(ROOT, "d").await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (_, fh) = h.create(d, "new").await;
+    h.fs.release(fh).await.unwrap();
+    h.fs.unlink(d, os("old")).await.unwrap();
+    let new = h.fs.lookup(d, os("new")).await;
+    let old = h.fs.lookup(d, os("old")).await;
+    h.plan.set_op_reply_delay(ROp::ReadDir, None);
+    assert!(
+        new.is_ok(),
+        "created through the mount, lookup says {new:?}"
+    );
+    assert_errno(old, libc::ENOENT, "removed through the mount");
+    h.lookup(d, "new").await;
+}
+
+/// Two reads of a fetched-ahead copy that both find it outdated (the file changed through the
+/// mount) both get the server handle: neither fails with EBADF.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_ahead_concurrent_reads_switching_to_the_server() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 4).await;
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 4).await;
+    let reader = h.open(inos[2], libc::O_RDONLY).await;
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 1);
+    let writer = h.open(inos[2], libc::O_WRONLY).await;
+    h.write(writer, 0, b"NEW").await;
+    h.fs.flush(writer).await.unwrap();
+    h.fs.release(writer).await.unwrap();
+    h.plan
+        .set_op_delay(ROp::Open, Some(Duration::from_millis(100)));
+    let (fs1, fs2) = (h.fs.clone(), h.fs.clone());
+    let a = tokio::spawn(async move { fs1.read(reader, 0, 3).await });
+    let b = tokio::spawn(async move { fs2.read(reader, 3, 3).await });
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    h.plan.set_op_delay(ROp::Open, None);
+    let mut want = pattern(102);
+    want[..3].copy_from_slice(b"NEW");
+    assert_eq!(a.map_err(|e| e.errno), Ok(want[..3].to_vec()));
+    assert_eq!(b.map_err(|e| e.errno), Ok(want[3..6].to_vec()));
+    h.fs.release(reader).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
+/// A descriptor reading from a fetched-ahead copy keeps reading its file after the name is
+/// unlinked or replaced by a rename (open, then unlink), as one with a server handle does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_ahead_an_open_copy_stays_readable_after_unlink_and_rename_over() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 5).await;
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 5).await;
+    let r2 = h.open(inos[2], libc::O_RDONLY).await;
+    let r3 = h.open(inos[3], libc::O_RDONLY).await;
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 2);
+
+    h.fs.unlink(ROOT, os("f2")).await.unwrap();
+    assert_eq!(
+        h.fs.read(r2, 0, 4096).await.map_err(|e| e.errno),
+        Ok(pattern(102)),
+        "read after unlink"
+    );
+    let (_, w) = h.create(ROOT, "other").await;
+    h.write(w, 0, b"other").await;
+    h.fs.flush(w).await.unwrap();
+    h.fs.release(w).await.unwrap();
+    h.fs.rename(ROOT, os("other"), ROOT, os("f3"), 0)
+        .await
+        .unwrap();
+    assert_eq!(
+        h.fs.read(r3, 0, 4096).await.map_err(|e| e.errno),
+        Ok(pattern(103)),
+        "read after the name was replaced"
+    );
+    h.fs.release(r2).await.unwrap();
+    h.fs.release(r3).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
+/// A change behind the writes that the server refused is not shown as made: stat shows the
+/// server's mode, and a later change behind the writes does not answer with it either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_behind_a_refused_chmod_is_not_shown() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.write(fh, 0, b"x").await;
+    h.fs.setattr(ino, None, times(at(1000), at(1000)))
+        .await
+        .unwrap();
+    h.plan.fail_next(
+        ROp::Fsetstat,
+        1,
+        RemoteError::Status(Status::PermissionDenied, String::new()),
+    );
+    h.plan.reset_counts();
+    let a = h.fs.setattr(ino, None, chmod(0o600)).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::Setstat), 0, "not behind the writes");
+    assert_eq!(a.perm, 0o600, "answered at once");
+    let (a, _) = h.fs.getattr(ino, None).await.unwrap();
+    assert_eq!(a.perm, 0o644, "stat shows the refused chmod");
+    assert!(
+        h.fs.flush(fh).await.is_err(),
+        "the refusal was not reported"
+    );
+    let a =
+        h.fs.setattr(ino, Some(fh), times(at(5000), at(5000)))
+            .await
+            .unwrap();
+    assert_eq!(a.perm, 0o644, "utimens answers with the refused chmod");
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").mode() & 0o7777, 0o644);
+}
+
+/// A change behind the writes that was never sent because the connection had dropped is sent
+/// again on the reopened handle, as a write is: nothing was lost, nothing is reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_behind_a_change_after_a_reconnect_is_sent_again() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.plan.disconnect();
+    h.plan.restore();
+    h.fs.setattr(ino, None, chmod(0o600)).await.unwrap();
+    assert_eq!(
+        h.fs.flush(fh).await.map_err(|e| e.errno),
+        Ok(()),
+        "a chmod never sent was reported as failed"
+    );
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").mode() & 0o7777, 0o600);
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
