@@ -1757,7 +1757,9 @@ impl<R: Remote> Fs<R> {
         }
         let path = self.path_of(ino)?;
         let flags = req.remote_flags();
-        if !flags.write && !flags.append {
+        // (O_TRUNC reaches us only with atomic_o_trunc, which is not asked for; never from
+        // a copy anyway.)
+        if !flags.write && !flags.append && !flags.truncate {
             if let Some(fh) = self.open_fetched_ahead(ino).await {
                 return Ok(fh);
             }
