@@ -3602,7 +3602,7 @@ async fn ahead_an_open_copy_gives_way_to_a_change_through_the_mount() {
     );
 }
 
-// ------------------------------------------------------------------------------ review
+// ------------------------------------ races of read-ahead, listings and attributes behind writes
 
 /// A lookup that joins a listing already on its way when a name of the directory was created
 /// or removed through the mount must not answer from that listing: it predates the change.
