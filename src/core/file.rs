@@ -359,9 +359,36 @@ impl<R: Remote> OpenFile<R> {
     }
 }
 
-/// Put one chunk on the wire through `file`, reopening a handle that belongs to a lost
-/// connection first. Only a write that was never sent is retried: one that was in flight
-/// when the connection dropped is reported (a later write may have changed the same bytes).
+/// Put one request on the wire through `file`'s handle (`queue` sends it on the handle it is
+/// given), reopening a handle that belongs to a lost connection first. Only a request that
+/// was never sent is retried: one that was in flight when the connection dropped is reported
+/// (a later write may have changed the same bytes).
+async fn queue_on_handle<R, F, Fut>(
+    fs: &Weak<Fs<R>>,
+    file: &Arc<OpenFile<R>>,
+    queue: F,
+) -> Result<crate::remote::WriteAck, RemoteError>
+where
+    R: Remote,
+    F: Fn(R::Handle) -> Fut,
+    Fut: std::future::Future<Output = Result<crate::remote::WriteAck, RemoteError>>,
+{
+    let (handle, version) = file.versioned_handle().await;
+    match queue(handle).await {
+        Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
+            let Some(fs) = fs.upgrade() else {
+                return Err(RemoteError::StaleHandle);
+            };
+            match fs.reopen(file, version).await {
+                Ok(h) => queue(h).await,
+                Err(_) => Err(RemoteError::StaleHandle),
+            }
+        }
+        r => r,
+    }
+}
+
+/// Put one chunk on the wire through `file` (see [`queue_on_handle`]).
 async fn send_chunk<R: Remote>(
     fs: &Weak<Fs<R>>,
     remote: &Arc<R>,
@@ -369,19 +396,26 @@ async fn send_chunk<R: Remote>(
     at: u64,
     chunk: Bytes,
 ) -> Result<crate::remote::WriteAck, RemoteError> {
-    let (handle, version) = file.versioned_handle().await;
-    match remote.write_queued(&handle, at, chunk.clone()).await {
-        Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
-            let Some(fs) = fs.upgrade() else {
-                return Err(RemoteError::StaleHandle);
-            };
-            match fs.reopen(file, version).await {
-                Ok(h) => remote.write_queued(&h, at, chunk).await,
-                Err(_) => Err(RemoteError::StaleHandle),
-            }
+    queue_on_handle(fs, file, |h| {
+        let chunk = chunk.clone();
+        async move { remote.write_queued(&h, at, chunk).await }
+    })
+    .await
+}
+
+/// Wait for the server's answer in the background, keeping `permit` (bytes of the window)
+/// until it comes; `failed` handles a failure.
+fn on_answer(
+    ack: crate::remote::WriteAck,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    failed: impl FnOnce(RemoteError) + Send + 'static,
+) {
+    tokio::spawn(async move {
+        if let Err(e) = ack.await {
+            failed(e);
         }
-        r => r,
-    }
+        drop(permit);
+    });
 }
 
 /// The lanes a striped run is spread over, in turn with the descriptor's own handle.
@@ -443,7 +477,7 @@ async fn lanes_for<R: Remote>(
                 // Renamed while the lanes were opened (they may be another file now), or
                 // closed meanwhile: not these. (Renamed: tried again on a later run.)
                 drop(slot);
-                close_lanes(remote, lanes);
+                close_in_background(remote, lanes);
                 return Vec::new();
             }
             if lanes.is_empty() {
@@ -464,17 +498,17 @@ async fn lanes_for<R: Remote>(
     }
 }
 
-/// Close lanes in the background (best effort: nothing was in flight on them, and a handle
-/// of a lost connection is gone with it).
-fn close_lanes<R: Remote>(remote: &Arc<R>, lanes: Vec<R::Handle>) {
-    if lanes.is_empty() {
+/// Close handles in the background, in order (best effort: nobody can see an error of CLOSE,
+/// nothing is in flight on them, and a handle of a lost connection is gone with it).
+pub(crate) fn close_in_background<R: Remote>(remote: &Arc<R>, handles: Vec<R::Handle>) {
+    if handles.is_empty() {
         return;
     }
     let remote = remote.clone();
     tokio::spawn(async move {
-        for h in lanes {
+        for h in handles {
             if let Err(e) = remote.close(&h).await {
-                tracing::debug!("close of a lane: {e}");
+                tracing::debug!("close: {e}");
             }
         }
     });
@@ -486,7 +520,7 @@ fn drop_lanes<R: Remote>(remote: &Arc<R>, file: &OpenFile<R>) {
     let mut slot = file.lanes.lock().unwrap();
     if let Lanes::Open(v) = std::mem::replace(&mut *slot, Lanes::Untried) {
         drop(slot);
-        close_lanes(remote, v);
+        close_in_background(remote, v);
     }
 }
 
@@ -611,12 +645,9 @@ async fn writer_loop<R: Remote>(
                     match sent {
                         Ok(ack) => {
                             let file = file.clone();
-                            tokio::spawn(async move {
-                                if let Err(e) = ack.await {
-                                    tracing::debug!(ino = file.ino, "write failed: {e}");
-                                    file.latch_write(e, end);
-                                }
-                                drop(permit);
+                            on_answer(ack, permit, move |e| {
+                                tracing::debug!(ino = file.ino, "write failed: {e}");
+                                file.latch_write(e, end);
                             });
                         }
                         Err(e) => {
@@ -654,35 +685,24 @@ async fn writer_loop<R: Remote>(
                 }
                 // One unit of the window: "all answered" waits for this one too.
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
-                    let (handle, version) = file.versioned_handle().await;
-                    let sent = match remote.fsetstat_queued(&handle, attrs).await {
-                        // Never sent (the handle went with a lost connection): as a write,
-                        // sent again through the reopened handle.
-                        Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
-                            match fs.upgrade() {
-                                Some(fs) => match fs.reopen(&file, version).await {
-                                    Ok(h) => remote.fsetstat_queued(&h, attrs).await,
-                                    Err(_) => Err(RemoteError::StaleHandle),
-                                },
-                                None => Err(RemoteError::StaleHandle),
-                            }
-                        }
-                        r => r,
-                    };
+                    // Never sent (the handle went with a lost connection): as a write, sent
+                    // again through the reopened handle.
+                    let sent = queue_on_handle(&fs, &file, |h| {
+                        let remote = &remote;
+                        async move { remote.fsetstat_queued(&h, attrs).await }
+                    })
+                    .await;
                     match sent {
                         Ok(ack) => {
                             let file = file.clone();
                             let fs = fs.clone();
-                            tokio::spawn(async move {
-                                if let Err(e) = ack.await {
-                                    tracing::debug!(
-                                        ino = file.ino,
-                                        "setattr behind writes failed: {e}"
-                                    );
-                                    setattrs_failed(&fs, &file);
-                                    file.latch(e);
-                                }
-                                drop(permit);
+                            on_answer(ack, permit, move |e| {
+                                tracing::debug!(
+                                    ino = file.ino,
+                                    "setattr behind writes failed: {e}"
+                                );
+                                setattrs_failed(&fs, &file);
+                                file.latch(e);
                             });
                         }
                         Err(e) => {

@@ -1077,6 +1077,16 @@ impl<R: Remote> Fs<R> {
         Ok((self.make_attr(ino, &attrs, a.nlink), ttl))
     }
 
+    /// The open descriptor of `ino` if it has exactly one.
+    fn sole_open_file(&self, ino: Ino) -> Option<Arc<OpenFile<R>>> {
+        let files = self.files.lock().unwrap();
+        let mut of_ino = files.values().filter(|f| f.ino == ino);
+        match (of_ino.next(), of_ino.next()) {
+            (Some(f), None) => Some(f.clone()),
+            _ => None,
+        }
+    }
+
     fn any_open_file(&self, ino: Ino) -> Option<Arc<OpenFile<R>>> {
         self.files
             .lock()
@@ -1141,15 +1151,7 @@ impl<R: Remote> Fs<R> {
             .or_else(|| path.is_err().then(|| self.any_open_file(ino)).flatten());
         // futimens and fchmod reach us without the handle (the kernel passes one only for
         // ftruncate): the file's sole open descriptor is the one that may have created it.
-        let sole = || {
-            let files = self.files.lock().unwrap();
-            let mut of_ino = files.values().filter(|f| f.ino == ino);
-            match (of_ino.next(), of_ino.next()) {
-                (Some(f), None) => Some(f.clone()),
-                _ => None,
-            }
-        };
-        if let Some(f) = file.clone().or_else(sole) {
+        if let Some(f) = file.clone().or_else(|| self.sole_open_file(ino)) {
             if let Some(done) = self.setattr_behind(ino, &f, &req).await {
                 return done;
             }
@@ -1334,13 +1336,8 @@ impl<R: Remote> Fs<R> {
             && req.mode.is_none_or(|m| m & 0o6000 == 0)
             && (chown || req.mode.is_some() || req.atime.is_some() || req.mtime.is_some());
         let alone = || {
-            self.files
-                .lock()
-                .unwrap()
-                .values()
-                .filter(|f| f.ino == ino)
-                .count()
-                == 1
+            self.sole_open_file(ino)
+                .is_some_and(|f| Arc::ptr_eq(&f, file))
         };
         if !only_mode_and_times || file.peek_error().is_some() || !alone() {
             return None;
@@ -1899,13 +1896,17 @@ impl<R: Remote> Fs<R> {
         let Some((ino, snap)) = self.snapshots.lock().unwrap().get(&fh).cloned() else {
             return Ok(None);
         };
-        let fresh = snap.planned.elapsed() < self.attr_ttl_for(ino)
-            && !self.cache.lock().unwrap().changed_since(ino, snap.since);
-        if fresh {
+        if self.snapshot_current(ino, &snap, self.attr_ttl_for(ino)) {
             return Ok(Some(snap));
         }
         self.snapshot_to_handle(fh, ino).await?;
         Ok(None)
+    }
+
+    /// Whether `snap` is still `ino` as it is: younger than `ttl` and not changed through the
+    /// mount since it was planned.
+    fn snapshot_current(&self, ino: Ino, snap: &Snapshot, ttl: Duration) -> bool {
+        snap.planned.elapsed() < ttl && !self.cache.lock().unwrap().changed_since(ino, snap.since)
     }
 
     /// `ino`'s name is about to go (unlink, replaced by a rename): descriptors of it reading
@@ -1977,12 +1978,13 @@ impl<R: Remote> Fs<R> {
         // A fetch still running is waited for; one not started yet is not (the permit it
         // waits for may be far off): the open goes to the server.
         let snap = slot?.get_or_init(|| async { None }).await.clone()?;
-        if snap.planned.elapsed() >= ttl {
+        // Nor may a name of its directory have changed (the copy was fetched by name).
+        if !self.snapshot_current(ino, &snap, ttl) {
             return None;
         }
         {
             let mut cache = self.cache.lock().unwrap();
-            if cache.changed_since(ino, snap.since) || cache.changed_since(dir, snap.since) {
+            if cache.changed_since(dir, snap.since) {
                 return None;
             }
             if let Some(c) = cache.get_attrs(ino) {
@@ -2058,10 +2060,7 @@ impl<R: Remote> Fs<R> {
         // One byte more than listed: a file that grew since the listing is noticed.
         let want = (size + 1).min(u64::from(self.remote.limits().max_read)) as u32;
         let data = self.remote.read(&h, 0, want).await;
-        let remote = self.remote.clone();
-        self.rt.spawn(async move {
-            let _ = remote.close(&h).await;
-        });
+        file::close_in_background(&self.remote, vec![h]);
         let data = data.ok()?;
         (data.len() as u64 == size && u64::from(want) > size).then(|| {
             Arc::new(Snapshot {
@@ -2329,16 +2328,9 @@ impl<R: Remote> Fs<R> {
         // reported write failures), so do not make the application wait for it. The extra
         // lanes of striped writes are closed with the handle (nothing is in flight on them:
         // drained above).
-        let handle = file.handle().await;
-        let lanes = file.take_lanes();
-        let remote = self.remote.clone();
-        self.rt.spawn(async move {
-            for h in std::iter::once(handle).chain(lanes) {
-                if let Err(e) = remote.close(&h).await {
-                    tracing::debug!("close: {e}");
-                }
-            }
-        });
+        let mut handles = vec![file.handle().await];
+        handles.extend(file.take_lanes());
+        file::close_in_background(&self.remote, handles);
         drained.map_err(|e| remote_err(Op::Close, &e, "write before close"))
     }
 

@@ -103,6 +103,11 @@ struct State {
 }
 
 impl State {
+    /// Fetches of `dir` no open has taken yet.
+    fn ahead_in(&self, dir: Ino) -> usize {
+        self.pending.iter().filter(|((d, _), _)| *d == dir).count()
+    }
+
     fn reading_through(&self) -> bool {
         self.recent_opens.len() >= READING_OPENS && self.recent_opens[0].elapsed() < READING_WINDOW
     }
@@ -145,7 +150,7 @@ impl SmallFileAhead {
         if s.recent_opens.len() > READING_OPENS {
             s.recent_opens.pop_front();
         }
-        let ahead = s.pending.iter().filter(|((d, _), _)| *d == dir).count();
+        let ahead = s.ahead_in(dir);
         let more = (second_here || s.reading_through()) && ahead < AHEAD_PER_DIR / 2;
         (slot, more)
     }
@@ -176,7 +181,7 @@ impl SmallFileAhead {
                 s.bytes -= p.bytes;
             }
         }
-        let mut ahead = s.pending.iter().filter(|((d, _), _)| *d == dir).count();
+        let mut ahead = s.ahead_in(dir);
         let planned = Instant::now();
         let mut out = Vec::new();
         for e in listing {
