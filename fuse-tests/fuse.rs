@@ -108,6 +108,14 @@ fn errno_name(e: i32) -> String {
     format!("{} ({e})", io::Error::from_raw_os_error(e))
 }
 
+/// fsync a directory of the mount: unlinks in it answered early have reached the server when
+/// this returns (see SEMANTICS.md), as a program that wants them durable would do.
+fn sync_dir(dir: &Path) {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .unwrap_or_else(|e| panic!("fsync of {}: {e}", dir.display()));
+}
+
 fn cpath(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap()
 }
@@ -416,6 +424,55 @@ fn small_files_read_one_by_one_are_fetched_ahead_and_stay_coherent() {
         &fs::read(m.e("sub").join(sub[3].file_name().unwrap())).unwrap(),
         "untouched neighbour",
     );
+}
+
+/// `rm -rf` through the mount: its unlinks are answered before the server's REMOVE, and each
+/// rmdir waits for them, so the tree is gone on the server when `rm` returns. A name unlinked
+/// and made again, and an unlink followed by fsync of its directory, reach the server in order.
+#[test]
+fn rm_rf_and_unlinks_answered_early_reach_the_server() {
+    let m = TestMount::start(&[]);
+    for d in 0..4 {
+        fs::create_dir_all(m.e(format!("tree/d{d}/sub"))).unwrap();
+        for f in 0..15 {
+            fs::write(m.e(format!("tree/d{d}/f{f}")), pattern(f, 100)).unwrap();
+        }
+        fs::write(m.e(format!("tree/d{d}/sub/deep")), b"deep").unwrap();
+        std::os::unix::fs::symlink("f0", m.e(format!("tree/d{d}/link"))).unwrap();
+    }
+    fs::write(m.e("again"), b"old").unwrap();
+    fs::write(m.e("synced"), b"x").unwrap();
+    fs::remove_dir_all(m.p("tree")).unwrap();
+    assert!(
+        !m.e("tree").exists(),
+        "rm -rf returned before the server removed the tree"
+    );
+    let early = awcp_mount::control::request(&m.mnt, "status").unwrap()["unlinks_behind"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        early >= 60,
+        "only {early} of 68 unlinks were answered early"
+    );
+
+    // Unlinked, then made again with O_EXCL: the new file is the one left.
+    assert_eq!(fs::read(m.p("again")).unwrap(), b"old");
+    fs::remove_file(m.p("again")).unwrap();
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.p("again"))
+        .unwrap();
+    f.write_all(b"new").unwrap();
+    drop(f);
+    assert_eq!(fs::read(m.e("again")).unwrap(), b"new");
+
+    // Unlinked, then fsync of the directory: gone on the server when fsync returns.
+    fs::metadata(m.p("synced")).unwrap();
+    fs::remove_file(m.p("synced")).unwrap();
+    sync_dir(&m.mnt);
+    assert!(!m.e("synced").exists());
+    assert!(!names(&m.mnt).contains(&OsString::from("synced")));
 }
 
 /// tar sets the mtime and mode of every file it extracts through the descriptor that created
@@ -1529,6 +1586,7 @@ fn hard_links_and_symlinks() {
     );
     // Removing a link leaves the target.
     fs::remove_file(m.p("ln")).unwrap();
+    sync_dir(&m.mnt);
     assert!(m.e("sub/target.txt").exists());
     assert!(fs::symlink_metadata(m.e("ln")).is_err());
 }
@@ -1742,6 +1800,7 @@ fn readdir_many_entries_and_raw_names() {
     fs::rename(m.mnt.join(raw2), m.mnt.join(raw3)).unwrap();
     assert_eq!(fs::read(m.export.join(raw3)).unwrap(), b"made here");
     fs::remove_file(m.mnt.join(raw3)).unwrap();
+    sync_dir(&m.mnt);
     assert!(!m.export.join(raw3).exists());
     let raw_dir = os(b"d\xe9j\xe0");
     fs::create_dir(m.mnt.join(raw_dir)).unwrap();

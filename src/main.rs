@@ -31,7 +31,7 @@ Options for -o (comma-separated, repeatable):
           ServerAliveInterval=SECS  ServerAliveCountMax=N
   sshfs:  reconnect  follow_symlinks  max_conns=N (1-10, default 4)  idmap=user|none
           dir_cache=yes|no  dcache_timeout=SECS  dcache_max_size=N  kernel_cache
-          max_readahead=BYTES (default 8 MiB)
+          max_readahead=BYTES (default 8 MiB)  sync_unlink
   FUSE:   ro  allow_other  allow_root  default_permissions  entry_timeout=SECS
           attr_timeout=SECS  negative_timeout=SECS  fsname=NAME  subtype=NAME
           noexec  noatime  sync
@@ -459,8 +459,8 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             m["ops"], m["bytes_read"], m["bytes_written"], m["open_files"]
         );
         println!(
-            "  ahead       {} small files opened from a read-ahead, {} bytes written striped",
-            m["opens_fetched_ahead"], m["bytes_striped"]
+            "  ahead       {} small files opened from a read-ahead, {} bytes written striped, {} unlinks answered early",
+            m["opens_fetched_ahead"], m["bytes_striped"], m["unlinks_behind"]
         );
         println!("  pid         {}", m["pid"]);
     }

@@ -399,6 +399,7 @@ fn run_inner(
         follow_symlinks: req.options.follow_symlinks,
         idmap,
         enforcer: enforcer.clone(),
+        sync_unlink: req.options.sync_unlink,
     };
     let fs = Arc::new(Fs::new(
         remote.clone(),
@@ -790,6 +791,7 @@ fn control_handlers(
                 "bytes_read": stats.bytes_read.load(Relaxed),
                 "bytes_written": stats.bytes_written.load(Relaxed),
                 "opens_fetched_ahead": stats.opens_fetched_ahead.load(Relaxed),
+                "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),
                 "open_files": status_fs.open_file_count(),
             })

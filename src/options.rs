@@ -27,6 +27,9 @@ pub struct MountOptions {
     pub connect_timeout: Option<Duration>,
     pub reconnect: bool,
     pub follow_symlinks: bool,
+    /// `sync_unlink`: unlink waits for the server's answer (default: answered early when the
+    /// mount can vouch for it; see SEMANTICS.md).
+    pub sync_unlink: bool,
     pub read_only: bool,
     pub allow_other: bool,
     pub allow_root: bool,
@@ -241,6 +244,7 @@ impl MountOptions {
         match (name, value) {
             ("reconnect", None) => self.reconnect = true,
             ("follow_symlinks", None) => self.follow_symlinks = true,
+            ("sync_unlink", None) => self.sync_unlink = true,
             ("ro", None) => self.read_only = true,
             ("allow_other", None) => self.allow_other = true,
             ("allow_root", None) => self.allow_root = true,
@@ -307,6 +311,7 @@ impl MountOptions {
             (
                 "reconnect"
                 | "follow_symlinks"
+                | "sync_unlink"
                 | "ro"
                 | "allow_other"
                 | "allow_root"
@@ -463,6 +468,9 @@ mod tests {
             .to_string()
             .contains("Port"));
         assert!(o.apply("ro=1").is_err());
+        assert!(o.apply("sync_unlink=yes").is_err());
+        o.apply("sync_unlink").unwrap();
+        assert!(o.sync_unlink);
         assert!(o.apply("attr_timeout").is_err());
         assert!(o.apply("max_conns=50").is_err());
     }

@@ -12,6 +12,7 @@ pub mod errno;
 pub mod file;
 pub mod inode;
 pub mod prefetch;
+mod remove_behind;
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -28,6 +29,7 @@ use self::errno::{check_name, Inference, Op};
 use self::file::{OpenFile, WriteStream};
 use self::inode::{Ino, InodeTable, Location, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
+use self::remove_behind::RemovesBehind;
 use crate::error::{FsError, FsResult};
 use crate::policy::containment;
 use crate::policy::enforcer::Enforcer;
@@ -142,6 +144,8 @@ pub struct FsConfig {
     pub idmap: Option<((u32, u32), (u32, u32))>,
     /// The live policy: symlink mode and quota.
     pub enforcer: Arc<Enforcer>,
+    /// `sync_unlink`: every unlink waits for the server's answer (see `remove_behind`).
+    pub sync_unlink: bool,
 }
 
 /// Counters for `awcp-mount status`.
@@ -156,6 +160,8 @@ pub struct Stats {
     pub remote_errors: AtomicU64,
     /// Opens answered from a small file fetched ahead (see `prefetch`), without a round trip.
     pub opens_fetched_ahead: AtomicU64,
+    /// Unlinks answered before the server's answer (see `remove_behind`).
+    pub unlinks_behind: AtomicU64,
 }
 
 /// How many subdirectory listings may wait to be prefetched, for the whole mount. Past that,
@@ -211,6 +217,8 @@ pub struct Fs<R: Remote> {
     file_fetches: Arc<tokio::sync::Semaphore>,
     /// Descriptors answered from a fetched-ahead snapshot: read from memory, no server handle.
     snapshots: Mutex<HashMap<u64, (Ino, Arc<Snapshot>)>>,
+    /// Unlinks answered before the server's answer, still on their way or failed.
+    removes_behind: RemovesBehind,
     pub stats: Stats,
 }
 
@@ -340,6 +348,7 @@ impl<R: Remote> Fs<R> {
             small_files: SmallFileAhead::default(),
             file_fetches: Arc::new(tokio::sync::Semaphore::new(prefetch::MAX_FILE_FETCHES)),
             snapshots: Mutex::new(HashMap::new()),
+            removes_behind: RemovesBehind::default(),
             stats: Stats::default(),
         }
     }
@@ -991,6 +1000,8 @@ impl<R: Remote> Fs<R> {
                 }
             }
         }
+        // An unlink of this name answered early: the server's answer must not predate it.
+        self.removes_behind.name_settled(parent, name).await;
         match self.stat_as(&path, held_kind).await {
             Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
@@ -1464,6 +1475,10 @@ impl<R: Remote> Fs<R> {
 
     pub async fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32, umask: u32) -> FsResult<Entry> {
         self.check_writable("mkdir")?;
+        // A name it creates or a path it moves may be one an unlink answered early is
+        // still removing (see remove_behind): so may a name any operation below creates or a
+        // path it moves.
+        self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
         let perm = mode & !umask & 0o7777;
         self.reserve_entry(&path)?;
@@ -1481,6 +1496,7 @@ impl<R: Remote> Fs<R> {
 
     pub async fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> FsResult<Entry> {
         self.check_writable("symlink")?;
+        self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
         if target.as_os_str().is_empty() {
             return Err(FsError::new(libc::ENOENT, "empty symlink target"));
@@ -1494,10 +1510,15 @@ impl<R: Remote> Fs<R> {
         self.finish_create(parent, name, &path, None, None).await
     }
 
-    pub async fn unlink(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
+    pub async fn unlink(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("unlink")?;
         let path = self.child_path(parent, name)?;
         let ino = self.inodes.lock().unwrap().child(parent, name);
+        if let Some(ino) = ino {
+            if self.unlink_behind(parent, name, ino, &path) {
+                return Ok(());
+            }
+        }
         let size = self.quota_size(ino, &path).await;
         self.snapshots_to_handles(ino).await;
         if let Err(e) = self.remote.remove(&path).await {
@@ -1510,10 +1531,118 @@ impl<R: Remote> Fs<R> {
         Ok(())
     }
 
+    /// Answer the unlink of `name` (the file or symlink `ino`) now, and send its REMOVE in
+    /// the background (see `remove_behind` for the order kept and how a failure is reported),
+    /// when everything the answer depends on is known here: what the name is, its size for
+    /// the quota, that no descriptor needs it to get a server handle first, and that its
+    /// directory does not look like one that would refuse. False: the caller waits for the
+    /// server as before.
+    fn unlink_behind(self: &Arc<Self>, parent: Ino, name: &OsStr, ino: Ino, path: &Path) -> bool {
+        use tracing::Instrument as _;
+        if self.config.lock().unwrap().sync_unlink {
+            return false;
+        }
+        // A directory gets EISDIR from the server: that answer must be waited for.
+        let kind = self.inodes.lock().unwrap().kind(ino);
+        if !matches!(kind, Some(FileKind::File | FileKind::Symlink)) {
+            return false;
+        }
+        let size = match self.enforcer.quota.size_of(ino) {
+            Some(size) => size,
+            None if !self.enforcer.quota.is_limited() => 0,
+            None => return false,
+        };
+        // A descriptor reading a copy fetched ahead needs a server handle, opened by this name,
+        // before the name goes (see snapshots_to_handles).
+        if self
+            .snapshots
+            .lock()
+            .unwrap()
+            .values()
+            .any(|(i, _)| *i == ino)
+        {
+            return false;
+        }
+        // A sticky directory refuses to remove other users' files, and one without write
+        // permission refuses everyone but root: ask the server. (Its attributes are often not
+        // known here, since each unlink changes its mtime; then a refusal is reported late.)
+        let parent_mode = self
+            .cache
+            .lock()
+            .unwrap()
+            .get_attrs(parent)
+            .and_then(|a| a.attrs.mode);
+        if parent_mode.is_some_and(|m| m & libc::S_ISVTX != 0 || m & 0o222 == 0) {
+            return false;
+        }
+        if !self.removes_behind.begin(parent, name) {
+            return false;
+        }
+        // The quota gives back now (a write that the removal makes room for must not fail),
+        // and charges again if the server refuses.
+        let lives_on = self.removed(parent, name).is_some_and(data_lives_on);
+        let given_back = self.enforcer.quota.name_removed(Some(ino), size, lives_on);
+        self.stats.unlinks_behind.fetch_add(1, Ordering::Relaxed);
+        let fs = self.clone();
+        let name = name.to_os_string();
+        let path = path.to_path_buf();
+        self.rt.spawn(
+            async move {
+                let failure = fs.remove_behind(&path).await;
+                if let Some(e) = &failure {
+                    tracing::warn!(
+                        "the server refused an unlink answered early; the name is back: {e}"
+                    );
+                    fs.enforcer.quota.name_restored(given_back);
+                    // Forget that it was removed: the next lookup finds it on the server.
+                    fs.cache.lock().unwrap().name_changed(parent, &name);
+                }
+                fs.removes_behind.land(parent, &name, failure);
+            }
+            .in_current_span(),
+        );
+        true
+    }
+
+    /// Send the REMOVE of an unlink already answered; the error if the name is still there.
+    async fn remove_behind(&self, path: &Path) -> Option<FsError> {
+        let mut result = self.remote.remove(path).await;
+        if matches!(result, Err(RemoteError::Disconnected(_))) {
+            // Sent again on the next connection (the remote waits for it). If the first one
+            // was carried out before the connection went, the name is gone: NO_SUCH_FILE.
+            result = self.remote.remove(path).await;
+        }
+        match result {
+            // Gone already (removed on the server meanwhile): what the unlink promised.
+            Ok(()) | Err(RemoteError::Status(Status::NoSuchFile, _)) => None,
+            Err(e) => Some(self.explain(Op::Unlink, e, path, None).await),
+        }
+    }
+
+    /// `fsync` of a directory: the unlinks in it answered early have reached the server, and
+    /// the first one the server refused since the last fsync is reported.
+    pub async fn fsyncdir(&self, ino: Ino) -> FsResult<()> {
+        self.removes_behind.dir_settled(ino).await;
+        match self.removes_behind.take_failure(ino) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     pub async fn rmdir(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("rmdir")?;
         let path = self.child_path(parent, name)?;
-        if let Err(e) = self.remote.rmdir(&path).await {
+        // Unlinks in it answered early were sent before this, and are usually carried out
+        // by the time it arrives (`rm -rf` then costs one round trip per directory, not
+        // two). If one was not (they travel on several channels), the server refuses, and
+        // the RMDIR is sent again once they all have been.
+        let removes_pending = self.removes_behind.in_flight() > 0;
+        let mut result = self.remote.rmdir(&path).await;
+        if result.is_err() && removes_pending {
+            self.removes_behind.all_settled().await;
+            result = self.remote.rmdir(&path).await;
+        }
+        if let Err(e) = result {
             return Err(self.explain(Op::Rmdir, e, &path, None).await);
         }
         self.enforcer.quota.release_entry(None, 0);
@@ -1551,6 +1680,7 @@ impl<R: Remote> Fs<R> {
         flags: u32,
     ) -> FsResult<()> {
         self.check_writable("rename")?;
+        self.removes_behind.all_settled().await;
         if flags & libc::RENAME_EXCHANGE != 0 {
             return Err(FsError::new(
                 libc::EINVAL,
@@ -1687,6 +1817,7 @@ impl<R: Remote> Fs<R> {
     /// for both.
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
         self.check_writable("link")?;
+        self.removes_behind.all_settled().await;
         let existing = self.path_of(ino)?;
         let new = self.child_path(new_parent, new_name)?;
         // SFTP v3 has no link counts, so an unlink cannot always tell whether the data lives
@@ -1799,6 +1930,7 @@ impl<R: Remote> Fs<R> {
         req: OpenRequest,
     ) -> FsResult<(Entry, u64)> {
         self.check_writable("create")?;
+        self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
         let perm = mode & !umask & 0o7777;
         let mut flags = req.remote_flags();
@@ -1861,6 +1993,7 @@ impl<R: Remote> Fs<R> {
         umask: u32,
     ) -> FsResult<Entry> {
         self.check_writable("mknod")?;
+        self.removes_behind.all_settled().await;
         let kind = mode & libc::S_IFMT;
         // (The kernel turns a type of 0 into S_IFREG before it asks.)
         if kind != libc::S_IFREG && kind != 0 {
@@ -2337,7 +2470,11 @@ impl<R: Remote> Fs<R> {
     /// Wait for every write in flight on every open file (before a downgrade or unmount).
     pub async fn flush_all(self: &Arc<Self>) -> FsResult<()> {
         let files: Vec<_> = self.files.lock().unwrap().values().cloned().collect();
-        let mut first = Ok(());
+        self.removes_behind.all_settled().await;
+        let mut first = match self.removes_behind.take_any_failure() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        };
         for f in files {
             if let Err(e) = f.drain(self).await {
                 f.latch(e.clone());
@@ -2399,6 +2536,9 @@ impl<R: Remote> Fs<R> {
     /// List a directory on the server, keep the listing in the cache (it answers lookups) and
     /// return it with the change clock from before it was asked for.
     async fn list_dir(&self, ino: Ino, path: &Path) -> FsResult<(Arc<Vec<DirEntry>>, u64)> {
+        // Names whose unlink was answered early must not be listed again by a server that has
+        // not carried it out yet.
+        self.removes_behind.dir_settled(ino).await;
         let since = self.cache.lock().unwrap().now();
         let listing = match self.remote.read_dir(path).await {
             Ok(l) => l,

@@ -1196,6 +1196,7 @@ async fn wb_open_then_unlink() {
     let (f, fh) = h.create(ROOT, "f").await;
     h.write(fh, 0, b"hello").await;
     h.fs.unlink(ROOT, os("f")).await.unwrap();
+    h.fs.fsyncdir(ROOT).await.unwrap();
     assert!(!h.disk("f").exists());
     assert_errno(
         h.fs.lookup(ROOT, os("f")).await,
@@ -1686,6 +1687,7 @@ async fn reconnect_unlinked_open_file_is_eio() {
     let (f, fh) = h.create(ROOT, "f").await;
     h.write(fh, 0, b"gone").await;
     h.fs.unlink(ROOT, os("f")).await.unwrap();
+    h.fs.fsyncdir(ROOT).await.unwrap();
     // Someone makes a new file of the same name.
     std::fs::write(h.disk("f"), b"other data").unwrap();
     h.plan.disconnect();
@@ -2584,6 +2586,7 @@ async fn link_is_the_same_inode_under_both_names() {
     assert_eq!(std::fs::read(h.disk("d/h")).unwrap(), b"changed");
     // The first name goes: the inode is reached through the other (its server path too).
     h.fs.unlink(ROOT, os("f")).await.unwrap();
+    h.fs.fsyncdir(ROOT).await.unwrap();
     assert!(!h.disk("f").exists());
     let a = h.fs.getattr(f, None).await.unwrap().0;
     assert_eq!((a.size, a.nlink), (7, 1), "after unlinking the other name");
@@ -3748,4 +3751,198 @@ async fn review_behind_a_change_after_a_reconnect_is_sent_again() {
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.meta("f").mode() & 0o7777, 0o600);
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
+// ------------------------------------------------------------------------------ unlinks answered early
+
+/// The names in `dir` that readdir shows.
+async fn readdir_names(h: &Harness, dir: Ino) -> Vec<OsString> {
+    let dh = h.fs.opendir(dir).await.unwrap();
+    let names =
+        h.fs.readdir(dh, 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+    h.fs.releasedir(dh);
+    names
+}
+
+/// An unlink the mount can vouch for is answered before the server's REMOVE, and everything
+/// after it sees the name gone, on the mount and (where it matters) on the server: a lookup,
+/// a listing, a create of the same name, an rmdir of the directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlink_behind_answers_early_and_keeps_order() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    for name in ["a", "b"] {
+        let (_, fh) = h.create(d, name).await;
+        h.write(fh, 0, b"old").await;
+        h.fs.release(fh).await.unwrap();
+    }
+    // The REMOVE reaches the server only 2 s after it is sent.
+    h.plan
+        .set_op_delay(ROp::Remove, Some(Duration::from_secs(2)));
+    h.fs.unlink(d, os("a")).await.unwrap();
+    assert!(h.disk("d/a").exists(), "the unlink waited for the server");
+    assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
+    // The mount shows it gone at once.
+    assert_errno(h.fs.lookup(d, os("a")).await, libc::ENOENT, "lookup");
+    assert_eq!(readdir_names(&h, d).await, [".", "..", "b"]);
+    // Creating the name again waits for the REMOVE: the new file is not removed by it.
+    let req = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
+    };
+    let (_, fh) =
+        h.fs.create(d, os("a"), FILE_MODE, UMASK, req)
+            .await
+            .unwrap();
+    h.write(fh, 0, b"new").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("d/a")).unwrap(), b"new");
+    // rmdir waits for the REMOVEs in the directory, and succeeds.
+    h.fs.unlink(d, os("a")).await.unwrap();
+    h.fs.unlink(d, os("b")).await.unwrap();
+    h.fs.rmdir(ROOT, os("d")).await.unwrap();
+    assert!(!h.disk("d").exists());
+    h.plan.set_op_delay(ROp::Remove, None);
+}
+
+/// A lookup or a listing the server answers must not predate an unlink already answered:
+/// with no listing cached (dir_ttl 0), both wait for the REMOVE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlink_behind_then_server_lookups_wait_for_it() {
+    let h = Harness::with(
+        config(CacheConfig {
+            dir_ttl: Duration::ZERO,
+            negative_ttl: Duration::ZERO,
+            ..long_ttls()
+        }),
+        None,
+    );
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    std::fs::write(h.disk("g"), b"x").unwrap();
+    h.lookup(ROOT, "f").await;
+    h.lookup(ROOT, "g").await;
+    h.plan
+        .set_op_delay(ROp::Remove, Some(Duration::from_millis(500)));
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
+    assert_errno(h.fs.lookup(ROOT, os("f")).await, libc::ENOENT, "lookup");
+    h.fs.unlink(ROOT, os("g")).await.unwrap();
+    assert_eq!(readdir_names(&h, ROOT).await, [".", ".."]);
+    h.plan.set_op_delay(ROp::Remove, None);
+}
+
+/// The server refuses an unlink answered early: the name comes back (lookup finds it, the
+/// quota charges it again), fsync of the directory reports the error once, an rmdir of the
+/// directory fails as it must, and the next unlinks there wait for the server's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlink_behind_refused_puts_the_name_back_and_is_reported() {
+    let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    let d = h.mkdir(ROOT, "d").await;
+    for name in ["a", "b"] {
+        let (_, fh) = h.create(d, name).await;
+        h.write(fh, 0, &[7u8; 100]).await;
+        h.fs.release(fh).await.unwrap();
+    }
+    let used = quota.usage();
+    let refused = || RemoteError::Status(Status::PermissionDenied, "refused".into());
+    h.plan.fail_next(ROp::Remove, 1, refused());
+    h.fs.unlink(d, os("a")).await.unwrap();
+    assert_errno(
+        h.fs.fsyncdir(d).await,
+        libc::EACCES,
+        "fsync of the directory",
+    );
+    h.fs.fsyncdir(d).await.unwrap();
+    assert!(h.disk("d/a").exists());
+    assert_eq!(quota.usage(), used, "charged again");
+    let a = h.lookup(d, "a").await;
+    assert_eq!(h.size(a, None).await, 100);
+    assert!(readdir_names(&h, d).await.contains(&OsString::from("a")));
+
+    // Refused again: rmdir says the directory is not empty, and the name is back.
+    h.plan.fail_next(ROp::Remove, 1, refused());
+    h.fs.unlink(d, os("a")).await.unwrap();
+    assert_errno(h.fs.rmdir(ROOT, os("d")).await, libc::ENOTEMPTY, "rmdir");
+    h.lookup(d, "a").await;
+    // Until the failure is reported, unlinks in that directory wait for the server.
+    h.plan.fail_next(ROp::Remove, 1, refused());
+    assert_errno(
+        h.fs.unlink(d, os("b")).await,
+        libc::EACCES,
+        "unlink after a refusal",
+    );
+    assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 2);
+    // flush_all (unmount) reports what fsync has not.
+    assert!(h.fs.flush_all().await.is_err());
+    h.fs.unlink(d, os("a")).await.unwrap();
+    h.fs.unlink(d, os("b")).await.unwrap();
+    h.fs.rmdir(ROOT, os("d")).await.unwrap();
+    assert!(!h.disk("d").exists());
+}
+
+/// A REMOVE lost with the connection is sent again; if the first one was carried out, the
+/// second finds nothing to remove, which is what was promised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlink_behind_survives_a_lost_connection() {
+    let h = Harness::new();
+    for name in ["a", "b"] {
+        std::fs::write(h.disk(name), b"x").unwrap();
+        h.lookup(ROOT, name).await;
+    }
+    let lost = || RemoteError::Disconnected("test".into());
+    h.plan.fail_next(ROp::Remove, 1, lost());
+    h.fs.unlink(ROOT, os("a")).await.unwrap();
+    h.fs.fsyncdir(ROOT).await.unwrap();
+    h.plan.fail_next_after_performing(ROp::Remove, 1, lost());
+    h.fs.unlink(ROOT, os("b")).await.unwrap();
+    h.fs.fsyncdir(ROOT).await.unwrap();
+    assert!(!h.disk("a").exists() && !h.disk("b").exists());
+    assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 2);
+}
+
+/// What the mount cannot vouch for waits for the server: a name it has no inode for, a file
+/// in a sticky directory, and every unlink with `sync_unlink`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlink_behind_only_when_the_mount_can_vouch_for_it() {
+    let h = Harness::new();
+    std::fs::write(h.disk("unseen"), b"x").unwrap();
+    h.fs.unlink(ROOT, os("unseen")).await.unwrap();
+    assert!(!h.disk("unseen").exists());
+    std::fs::create_dir(h.disk("sticky")).unwrap();
+    std::fs::set_permissions(h.disk("sticky"), std::fs::Permissions::from_mode(0o1777)).unwrap();
+    std::fs::write(h.disk("sticky/f"), b"x").unwrap();
+    let sticky = h.lookup(ROOT, "sticky").await;
+    h.lookup(sticky, "f").await;
+    h.fs.getattr(sticky, None).await.unwrap();
+    h.fs.unlink(sticky, os("f")).await.unwrap();
+    assert!(!h.disk("sticky/f").exists());
+    assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 0);
+
+    let h = Harness::with(
+        FsConfig {
+            sync_unlink: true,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    h.lookup(ROOT, "f").await;
+    h.plan.fail_next(
+        ROp::Remove,
+        1,
+        RemoteError::Status(Status::PermissionDenied, "refused".into()),
+    );
+    assert_errno(
+        h.fs.unlink(ROOT, os("f")).await,
+        libc::EACCES,
+        "sync_unlink",
+    );
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert!(!h.disk("f").exists());
+    assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 0);
 }

@@ -210,27 +210,37 @@ impl Quota {
     /// A name of the file `ino` (of `size` bytes) was removed (unlinked, or replaced by a
     /// rename). `data_lives_on`: the mount knows another name of it remains. A charged copy is
     /// given back first; else the bytes are given back only when the data went with the name.
-    pub fn name_removed(&self, ino: Option<Ino>, size: u64, data_lives_on: bool) {
+    /// Returns the bytes given back.
+    pub fn name_removed(&self, ino: Option<Ino>, size: u64, data_lives_on: bool) -> u64 {
         let mut s = self.state.lock().unwrap();
         s.files -= 1;
-        let Some(ino) = ino else {
-            if !data_lives_on {
-                s.bytes -= size as i64;
-            }
-            return;
+        let given_back = match ino {
+            None if data_lives_on => 0,
+            None => size,
+            Some(ino) => match s.copies.get_mut(&ino) {
+                Some(c) if *c > 0 => {
+                    *c -= 1;
+                    size
+                }
+                _ if data_lives_on => 0,
+                _ => {
+                    s.sizes.remove(&ino);
+                    s.copies.remove(&ino);
+                    size
+                }
+            },
         };
-        match s.copies.get_mut(&ino) {
-            Some(c) if *c > 0 => {
-                *c -= 1;
-                s.bytes -= size as i64;
-            }
-            _ if data_lives_on => {}
-            _ => {
-                s.bytes -= size as i64;
-                s.sizes.remove(&ino);
-                s.copies.remove(&ino);
-            }
-        }
+        s.bytes -= given_back as i64;
+        given_back
+    }
+
+    /// A removal [`name_removed`](Self::name_removed) gave `bytes` back for did not happen
+    /// after all (the server refused an unlink answered early): charge the entry and the
+    /// bytes again, past the limit if need be, since they are on the server.
+    pub fn name_restored(&self, bytes: u64) {
+        let mut s = self.state.lock().unwrap();
+        s.files += 1;
+        s.bytes += bytes as i64;
     }
 
     /// Reserve one new entry (file, directory, link).

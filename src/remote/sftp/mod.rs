@@ -239,6 +239,17 @@ impl Connection {
             .unwrap_or_else(|| "connection closed".into())
     }
 
+    /// The channel for removals in directory `dir`: always the same one. sftp-server answers
+    /// the requests of one channel in the order they came, so an RMDIR sent right behind the
+    /// REMOVEs of its entries (unlinks answered early) finds the directory empty; on another
+    /// channel it could overtake them.
+    fn for_dir(&self, dir: &Path) -> &SftpChannel {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        dir.hash(&mut h);
+        &self.channels[(h.finish() % self.channels.len() as u64) as usize]
+    }
+
     /// The least loaded channel, round-robin among equals.
     fn pick(&self) -> &SftpChannel {
         let n = self.channels.len();
@@ -673,6 +684,12 @@ impl SftpRemote {
         c.pick().request(req).await
     }
 
+    /// A removal in directory `dir`, on that directory's channel (see `Connection::for_dir`).
+    async fn removal_request(&self, dir: &Path, req: &Request<'_>) -> RemoteResult<Response> {
+        let c = self.inner.conn().await?;
+        c.for_dir(dir).request(req).await
+    }
+
     /// For requests that may safely be repeated: retry once on a fresh connection.
     async fn idempotent_request(&self, req: &Request<'_>) -> RemoteResult<Response> {
         let before = self.inner.current().generation;
@@ -996,7 +1013,8 @@ impl Remote for SftpRemote {
     }
 
     async fn remove(&self, path: &Path) -> RemoteResult<()> {
-        let r = self.path_request(&Request::Remove { path }).await?;
+        let dir = path.parent().unwrap_or(path);
+        let r = self.removal_request(dir, &Request::Remove { path }).await?;
         expect_ok("REMOVE", r)
     }
 
@@ -1032,7 +1050,7 @@ impl Remote for SftpRemote {
     }
 
     async fn rmdir(&self, path: &Path) -> RemoteResult<()> {
-        let r = self.path_request(&Request::Rmdir { path }).await?;
+        let r = self.removal_request(path, &Request::Rmdir { path }).await?;
         expect_ok("RMDIR", r)
     }
 
