@@ -116,13 +116,19 @@ impl Harness {
     }
 
     async fn create(&self, parent: Ino, name: impl AsRef<OsStr>) -> (Ino, u64) {
+        self.create_with(parent, name, libc::O_RDWR | libc::O_CREAT)
+            .await
+    }
+
+    async fn create_with(&self, parent: Ino, name: impl AsRef<OsStr>, flags: i32) -> (Ino, u64) {
         let name = name.as_ref();
-        let req = OpenRequest {
-            flags: libc::O_RDWR | libc::O_CREAT,
-        };
-        match self.fs.create(parent, name, FILE_MODE, UMASK, req).await {
+        match self
+            .fs
+            .create(parent, name, FILE_MODE, UMASK, OpenRequest { flags })
+            .await
+        {
             Ok((e, fh)) => (e.attr.ino, fh),
-            Err(e) => panic!("create {name:?} in {parent}: {e}"),
+            Err(e) => panic!("create {name:?} in {parent} (flags {flags:#o}): {e}"),
         }
     }
 
@@ -3791,13 +3797,9 @@ async fn unlink_behind_answers_early_and_keeps_order() {
     assert_errno(h.fs.lookup(d, os("a")).await, libc::ENOENT, "lookup");
     assert_eq!(readdir_names(&h, d).await, [".", "..", "b"]);
     // Creating the name again waits for the REMOVE: the new file is not removed by it.
-    let req = OpenRequest {
-        flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
-    };
-    let (_, fh) =
-        h.fs.create(d, os("a"), FILE_MODE, UMASK, req)
-            .await
-            .unwrap();
+    let (_, fh) = h
+        .create_with(d, "a", libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)
+        .await;
     h.write(fh, 0, b"new").await;
     h.fs.release(fh).await.unwrap();
     assert_eq!(std::fs::read(h.disk("d/a")).unwrap(), b"new");
