@@ -69,6 +69,10 @@ pub const MAX_LANES: usize = 4;
 /// chunks). Turns of one chunk measured the same within noise (256 MiB `dd` at 20 ms: 130
 /// vs 134-138 MiB/s); whole MiBs mean fewer switches between channels.
 pub const STRIPE_UNIT: usize = 1024 * 1024;
+/// How long an attribute change behind the writes waits for the next one, to go out together
+/// (see `writer_loop`). tar makes its calls for one file within microseconds of each other;
+/// the flush at `close` sends a held change at once anyway.
+const SETATTRS_HOLD: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub(crate) enum WriteJob<R: Remote> {
     Data {
@@ -86,7 +90,6 @@ pub(crate) enum WriteJob<R: Remote> {
     SetAttrs {
         file: Arc<OpenFile<R>>,
         attrs: SetAttrs,
-        done: oneshot::Sender<()>,
     },
 }
 
@@ -224,19 +227,16 @@ impl<R: Remote> OpenFile<R> {
         created.is_some()
     }
 
-    /// Queue an attribute change behind this file's writes; resolves once it is on its way.
-    pub(crate) fn submit_setattrs(
-        self: &Arc<Self>,
-        fs: &Arc<Fs<R>>,
-        attrs: SetAttrs,
-    ) -> Option<oneshot::Receiver<()>> {
-        let (done, rx) = oneshot::channel();
+    /// Queue an attribute change behind this file's writes. False if the file's write queue
+    /// is closed. It is not waited for: everything that must come after it (writes, flush,
+    /// fsync, a stat that drains, a change sent directly) goes through the same queue or
+    /// drains it first, and its failure is latched like a write's.
+    pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: SetAttrs) -> bool {
         let job = WriteJob::SetAttrs {
             file: self.clone(),
             attrs,
-            done,
         };
-        self.stream.submit(fs, job).then_some(rx)
+        self.stream.submit(fs, job)
     }
 
     /// Whether a long sequential run through this descriptor may be striped.
@@ -553,7 +553,61 @@ async fn writer_loop<R: Remote>(
     let mut striping: Option<Striping<R::Handle>> = None;
     // The bytes that may still be in flight on lanes (none once every answer is in).
     let mut lane_span: Option<(u64, u64)> = None;
-    while let Some(job) = rx.recv().await {
+    // An attribute change taken but not sent yet (still counted in `queued`), held for
+    // SETATTRS_HOLD to be merged with the next ones through the same descriptor: tar makes
+    // two or three in a row for every file it extracts, and they become one FSETSTAT. It is
+    // sent before the next job of any other kind (so program order holds), when nothing
+    // comes for SETATTRS_HOLD, or when the queue closes.
+    let mut held: Option<(Arc<OpenFile<R>>, SetAttrs)> = None;
+    // The job that made the held change go first, to take next.
+    let mut after_held: Option<WriteJob<R>> = None;
+    loop {
+        let job = match after_held.take() {
+            Some(job) => job,
+            None => {
+                let received = match held {
+                    None => Some(rx.recv().await),
+                    Some(_) => tokio::time::timeout(SETATTRS_HOLD, rx.recv()).await.ok(),
+                };
+                match received {
+                    Some(None) if held.is_none() => break,
+                    // Nothing more came (or the queue closed: it ends on the next turn).
+                    None | Some(None) => {
+                        let (file, attrs) = held.take().expect("held");
+                        WriteJob::SetAttrs { file, attrs }
+                    }
+                    Some(Some(WriteJob::SetAttrs { file, attrs })) => match held.take() {
+                        // (Never a size: a truncate moves the mtime, so its order matters.)
+                        Some((h, mut merged))
+                            if Arc::ptr_eq(&h, &file)
+                                && merged.size.is_none()
+                                && attrs.size.is_none() =>
+                        {
+                            merged.then(attrs);
+                            held = Some((h, merged));
+                            // Two jobs, one request: the held one stays counted.
+                            stream.queued.fetch_sub(1, Ordering::AcqRel);
+                            continue;
+                        }
+                        Some((h, a)) => {
+                            after_held = Some(WriteJob::SetAttrs { file, attrs });
+                            WriteJob::SetAttrs { file: h, attrs: a }
+                        }
+                        None => {
+                            held = Some((file, attrs));
+                            continue;
+                        }
+                    },
+                    Some(Some(job)) => match held.take() {
+                        Some((h, a)) => {
+                            after_held = Some(job);
+                            WriteJob::SetAttrs { file: h, attrs: a }
+                        }
+                        None => job,
+                    },
+                }
+            }
+        };
         match job {
             WriteJob::Data {
                 file,
@@ -668,7 +722,7 @@ async fn writer_loop<R: Remote>(
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
                 let _ = done.send(Ok(len as u32));
             }
-            WriteJob::SetAttrs { file, attrs, done } => {
+            WriteJob::SetAttrs { file, attrs } => {
                 let same = last
                     .as_ref()
                     .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&file)));
@@ -712,7 +766,6 @@ async fn writer_loop<R: Remote>(
                     }
                 }
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
-                let _ = done.send(());
             }
             WriteJob::Barrier { file, done } => {
                 stream.wait_all_answered().await;

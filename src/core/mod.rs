@@ -1372,11 +1372,10 @@ impl<R: Remote> Fs<R> {
         attrs.mtime?;
         // Kept before it is sent: its failure (whenever it is answered) forgets them.
         file.update_created(Some(attrs));
-        let Some(queued) = file.submit_setattrs(self, set) else {
+        if !file.submit_setattrs(self, set) {
             file.update_created(None);
             return None;
-        };
-        let _ = queued.await;
+        }
         self.status_changed(ino);
         let end = file.written_end.load(Ordering::Relaxed);
         let shown = Attrs {
