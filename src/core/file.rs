@@ -69,10 +69,6 @@ pub const MAX_LANES: usize = 4;
 /// chunks). Turns of one chunk measured the same within noise (256 MiB `dd` at 20 ms: 130
 /// vs 134-138 MiB/s); whole MiBs mean fewer switches between channels.
 pub const STRIPE_UNIT: usize = 1024 * 1024;
-/// How long an attribute change behind the writes waits for the next one, to go out together
-/// (see `writer_loop`). tar makes its calls for one file within microseconds of each other;
-/// the flush at `close` sends a held change at once anyway.
-const SETATTRS_HOLD: std::time::Duration = std::time::Duration::from_millis(20);
 
 pub(crate) enum WriteJob<R: Remote> {
     Data {
@@ -553,61 +549,7 @@ async fn writer_loop<R: Remote>(
     let mut striping: Option<Striping<R::Handle>> = None;
     // The bytes that may still be in flight on lanes (none once every answer is in).
     let mut lane_span: Option<(u64, u64)> = None;
-    // An attribute change taken but not sent yet (still counted in `queued`), held for
-    // SETATTRS_HOLD to be merged with the next ones through the same descriptor: tar makes
-    // two or three in a row for every file it extracts, and they become one FSETSTAT. It is
-    // sent before the next job of any other kind (so program order holds), when nothing
-    // comes for SETATTRS_HOLD, or when the queue closes.
-    let mut held: Option<(Arc<OpenFile<R>>, SetAttrs)> = None;
-    // The job that made the held change go first, to take next.
-    let mut after_held: Option<WriteJob<R>> = None;
-    loop {
-        let job = match after_held.take() {
-            Some(job) => job,
-            None => {
-                let received = match held {
-                    None => Some(rx.recv().await),
-                    Some(_) => tokio::time::timeout(SETATTRS_HOLD, rx.recv()).await.ok(),
-                };
-                match received {
-                    Some(None) if held.is_none() => break,
-                    // Nothing more came (or the queue closed: it ends on the next turn).
-                    None | Some(None) => {
-                        let (file, attrs) = held.take().expect("held");
-                        WriteJob::SetAttrs { file, attrs }
-                    }
-                    Some(Some(WriteJob::SetAttrs { file, attrs })) => match held.take() {
-                        // (Never a size: a truncate moves the mtime, so its order matters.)
-                        Some((h, mut merged))
-                            if Arc::ptr_eq(&h, &file)
-                                && merged.size.is_none()
-                                && attrs.size.is_none() =>
-                        {
-                            merged.then(attrs);
-                            held = Some((h, merged));
-                            // Two jobs, one request: the held one stays counted.
-                            stream.queued.fetch_sub(1, Ordering::AcqRel);
-                            continue;
-                        }
-                        Some((h, a)) => {
-                            after_held = Some(WriteJob::SetAttrs { file, attrs });
-                            WriteJob::SetAttrs { file: h, attrs: a }
-                        }
-                        None => {
-                            held = Some((file, attrs));
-                            continue;
-                        }
-                    },
-                    Some(Some(job)) => match held.take() {
-                        Some((h, a)) => {
-                            after_held = Some(job);
-                            WriteJob::SetAttrs { file: h, attrs: a }
-                        }
-                        None => job,
-                    },
-                }
-            }
-        };
+    while let Some(job) = rx.recv().await {
         match job {
             WriteJob::Data {
                 file,

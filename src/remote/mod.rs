@@ -189,16 +189,6 @@ impl SetAttrs {
     pub fn is_empty(&self) -> bool {
         *self == SetAttrs::default()
     }
-
-    /// `later` applied after this one: what it sets replaces what this one set. (The server
-    /// applies size, then permissions, owner and times: merging changes their order, which
-    /// matters only for a size.)
-    pub fn then(&mut self, later: SetAttrs) {
-        self.size = later.size.or(self.size);
-        self.uid_gid = later.uid_gid.or(self.uid_gid);
-        self.perm = later.perm.or(self.perm);
-        self.atime_mtime = later.atime_mtime.or(self.atime_mtime);
-    }
 }
 
 /// One entry of a directory listing, with the attributes the server sent along (SFTP READDIR
