@@ -13,9 +13,6 @@
 //! (see `common/mount.rs`), except the AWCP reference command line, which runs verbatim under
 //! the built-in policy on a mount point below `/var/lib/awcp/mounts`. Symlinks are under the
 //! built-in `contain` mode; the policy's own rules are not what this file tests.
-//!
-//! Tests named `bug_*` fail on purpose: each documents a defect found here, with what a local
-//! disk (or sshfs) does instead. They are not `#[ignore]`d.
 
 mod common;
 
@@ -2960,4 +2957,66 @@ fn posix_ctime_advances_on_every_status_change() {
         check("unlink (fstat)", ctime(&fd.metadata().unwrap()));
         assert!(wrong.is_empty(), "{opts:?}:\n  {}", wrong.join("\n  "));
     }
+}
+
+/// The mount's count of kernel requests, from its `status`.
+fn ops(m: &TestMount) -> u64 {
+    let st = awcp_mount::control::request(&m.mnt, "status")
+        .unwrap_or_else(|e| panic!("status of {}: {e}", m.mnt.display()));
+    st["ops"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no ops in status: {st}"))
+}
+
+/// Extended attributes are not supported (SFTP v3 has none) and say so as a local
+/// filesystem without them does (EOPNOTSUPP). The kernel learns it from the first request
+/// and stops asking: neither later xattr calls (`ls -l` makes two per file) nor the
+/// `security.capability` check of every write(2) reach the mount.
+#[test]
+fn xattrs_unsupported_and_asked_once() {
+    let m = TestMount::start(&[]);
+    let path = m.p("f");
+    let mut f = File::create(&path).unwrap();
+    f.write_all(b"x").unwrap();
+    let c = cpath(&path);
+    let name = CString::new("user.test").unwrap();
+    let get = || unsafe { libc::lgetxattr(c.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    let list = || unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    let set = || unsafe { libc::lsetxattr(c.as_ptr(), name.as_ptr(), b"v".as_ptr().cast(), 1, 0) };
+    let remove = || unsafe { libc::lremovexattr(c.as_ptr(), name.as_ptr()) };
+    let result = |rc: libc::ssize_t| last_os_error(if rc < 0 { -1 } else { 0 });
+    assert_errno(result(get()), libc::EOPNOTSUPP, "getxattr");
+    assert_errno(result(list()), libc::EOPNOTSUPP, "listxattr");
+    assert_errno(result(set() as libc::ssize_t), libc::EOPNOTSUPP, "setxattr");
+    assert_errno(
+        result(remove() as libc::ssize_t),
+        libc::EOPNOTSUPP,
+        "removexattr",
+    );
+
+    let before = ops(&m);
+    for _ in 0..50 {
+        assert_errno(result(get()), libc::EOPNOTSUPP, "getxattr again");
+        assert_errno(result(list()), libc::EOPNOTSUPP, "listxattr again");
+    }
+    assert_eq!(
+        ops(&m),
+        before,
+        "xattr calls after the first reached the mount"
+    );
+
+    // Each write(2) is one FUSE_WRITE (no writeback cache); with xattrs asked for, each
+    // would also be a FUSE_GETXATTR of security.capability.
+    const WRITES: u64 = 30;
+    let before = ops(&m);
+    for i in 0..WRITES {
+        f.write_all_at(b"y", i + 1).unwrap();
+    }
+    let sent = ops(&m) - before;
+    assert!(
+        sent <= WRITES + 2,
+        "{WRITES} writes cost {sent} requests to the mount (xattr checks per write?)"
+    );
+    drop(f);
+    assert_eq!(fs::metadata(m.e("f")).unwrap().len(), 1 + WRITES);
 }

@@ -37,6 +37,14 @@ impl<R: Remote> FuseAdapter<R> {
         FuseAdapter { fs }
     }
 
+    /// Count a kernel request in the mount's `status` (`ops`).
+    fn count_op(&self) {
+        self.fs
+            .stats
+            .ops
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Serve a request under a span of its own: run `fut` here, on the FUSE thread, until it
     /// first has to wait, and hand what is left to the runtime. A request answered from
     /// memory (most lookups and getattrs, readdir, a write queued behind, a release) then
@@ -48,10 +56,7 @@ impl<R: Remote> FuseAdapter<R> {
         F: Future<Output = ()> + Send + 'static,
     {
         let span = tracing::debug_span!("fuse", op, req = req.unique().0);
-        self.fs
-            .stats
-            .ops
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.count_op();
         let mut fut = Box::pin(fut.instrument(span));
         let runtime = self.fs.runtime();
         // (Within the runtime's context: the future may spawn tasks and set timers.)
@@ -536,8 +541,12 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         reply.ok();
     }
 
-    // Extended attributes: SFTP v3 has none. Answer as a filesystem without xattrs does
-    // (quietly: `ls -l`, `cp -a` and exec ask for them all the time).
+    // Extended attributes: SFTP v3 has none. Each handler answers ENOSYS, which the kernel
+    // remembers for the life of the mount (`fc->no_getxattr` and its siblings): from then
+    // on it answers EOPNOTSUPP itself, as for a local filesystem without xattrs, and stops
+    // asking us. That matters because it asks a lot: `ls -l` reads two attributes of every
+    // file (ACL, SELinux label) and every write(2) reads `security.capability` (FUSE has no
+    // SB_NOSEC), each a round trip to this process. The first ask is counted in `ops`.
     fn getxattr(
         &self,
         _req: &Request,
@@ -546,15 +555,13 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         _size: u32,
         reply: fuser::ReplyXattr,
     ) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+        self.count_op();
+        reply.error(Errno::ENOSYS);
     }
 
-    fn listxattr(&self, _req: &Request, _ino: INodeNo, size: u32, reply: fuser::ReplyXattr) {
-        if size == 0 {
-            reply.size(0);
-        } else {
-            reply.data(&[]);
-        }
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: fuser::ReplyXattr) {
+        self.count_op();
+        reply.error(Errno::ENOSYS);
     }
 
     fn setxattr(
@@ -567,11 +574,13 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        reply.error(Errno::from_i32(libc::EOPNOTSUPP));
+        self.count_op();
+        reply.error(Errno::ENOSYS);
     }
 
     fn removexattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, reply: ReplyEmpty) {
-        reply.error(Errno::from_i32(libc::ENODATA));
+        self.count_op();
+        reply.error(Errno::ENOSYS);
     }
 
     fn fsyncdir(
