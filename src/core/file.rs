@@ -1,18 +1,26 @@
 //! Open files: the remote handle, reopen after a reconnect, and write-behind.
 //!
-//! Writes are acknowledged to the application as soon as they are queued to the server (as
-//! sshfs does), which is what makes sequential writes fast on a high-latency link. What keeps
-//! that honest:
+//! Writes are acknowledged to the application as soon as they are queued for the server (as
+//! sshfs does), which is what makes sequential writes fast on a high-latency link. A write
+//! that fits in the file's [`EARLY_ANSWER_BYTES`] of queue (bytes taken from the application
+//! but not yet sent) is answered right where it is queued, on the FUSE thread, without waiting
+//! for the writer task to run; a larger one, or any write while the queue is full, is answered
+//! once the writer has put it on the wire. What keeps that honest:
 //! * one writer task **per file** (inode, not per descriptor) takes writes in the order the
 //!   kernel sent them and puts them on the wire in that order. Consecutive writes through the
 //!   same descriptor are pipelined; when the next write comes through another descriptor (which
 //!   may live on another SFTP channel, served by another server process), the earlier writes
 //!   are answered first. So overlapping writes are never reordered, whichever descriptors they
 //!   come through;
-//! * bytes in flight per file are bounded by a semaphore, so memory does not grow with the file;
+//! * bytes queued and bytes in flight per file are each bounded by a semaphore, so memory does
+//!   not grow with the file;
+//! * every operation that must see the writes (read, getattr, truncate, flush, fsync, unmount)
+//!   queues a barrier behind them or waits for the writes to be answered, whether they are
+//!   still queued or on the wire;
 //! * the first failure is latched on the descriptor it was written through and returned by the
 //!   next write, `flush` (every `close`) and `fsync`: an acknowledged write is on the server or
-//!   its loss is reported, never silent.
+//!   its loss is reported, never silent. (A descriptor with a failure latched gets no early
+//!   answers: its next write waits for the writer, which reports the failure.)
 //!
 //! **Striping.** One SFTP channel moves at most its SSH flow-control window (OpenSSH: 2 MiB)
 //! per round trip, so at 20 ms one handle cannot write faster than about 100 MiB/s. Once a
@@ -50,7 +58,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, RwLock, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, RwLock, Semaphore};
 
 use super::inode::Ino;
 use super::Fs;
@@ -58,6 +66,11 @@ use crate::remote::{Attrs, OpenFlags, Remote, RemoteError, SetAttrs};
 
 /// Bytes of writes in flight per file before the writer waits for answers.
 pub const WRITE_WINDOW: u32 = 16 * 1024 * 1024;
+
+/// Bytes of writes a file may have queued (answered early, not yet on the wire). The writer
+/// task sends them in order; this bounds the memory they take while it is behind. 4 MiB is
+/// four `dd bs=1M` writes, or a few hundred of the small writes `tar` and editors make.
+pub const EARLY_ANSWER_BYTES: u32 = 4 * 1024 * 1024;
 
 /// Bytes one descriptor writes contiguously before the rest of the run is striped over lanes.
 pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
@@ -75,7 +88,11 @@ pub(crate) enum WriteJob<R: Remote> {
         file: Arc<OpenFile<R>>,
         offset: u64,
         data: Bytes,
-        done: oneshot::Sender<Result<u32, RemoteError>>,
+        /// Where the write is answered; `None` if it was answered when queued (its failure is
+        /// then latched only, and reported by the next write, flush or fsync).
+        done: Option<oneshot::Sender<Result<u32, RemoteError>>>,
+        /// Its share of [`EARLY_ANSWER_BYTES`], given back once it is on the wire.
+        early: Option<OwnedSemaphorePermit>,
     },
     /// Wait until every earlier write has been answered, then report `file`'s latched error.
     Barrier {
@@ -93,6 +110,8 @@ pub(crate) enum WriteJob<R: Remote> {
 pub struct WriteStream<R: Remote> {
     writer: Mutex<Option<mpsc::UnboundedSender<WriteJob<R>>>>,
     window: Arc<Semaphore>,
+    /// Bytes of writes answered early and not yet on the wire ([`EARLY_ANSWER_BYTES`]).
+    early: Arc<Semaphore>,
     /// Write jobs submitted but not yet taken by the writer task.
     queued: AtomicUsize,
 }
@@ -102,6 +121,7 @@ impl<R: Remote> Default for WriteStream<R> {
         WriteStream {
             writer: Mutex::new(None),
             window: Arc::new(Semaphore::new(WRITE_WINDOW as usize)),
+            early: Arc::new(Semaphore::new(EARLY_ANSWER_BYTES as usize)),
             queued: AtomicUsize::new(0),
         }
     }
@@ -311,25 +331,47 @@ impl<R: Remote> OpenFile<R> {
         self.stream.pending()
     }
 
-    /// Queue a write through this descriptor.
+    /// Queue a write through this descriptor. Returns `None` if the descriptor is being closed;
+    /// otherwise where its answer will come, or `Some(None)` if it may be answered now: it
+    /// fits in the queue ([`EARLY_ANSWER_BYTES`]) and no failure waits to be reported here.
     pub(crate) fn submit_write(
         self: &Arc<Self>,
         fs: &Arc<Fs<R>>,
         offset: u64,
         data: Bytes,
-        done: oneshot::Sender<Result<u32, RemoteError>>,
-    ) -> bool {
+    ) -> Option<Option<oneshot::Receiver<Result<u32, RemoteError>>>> {
         if let Some(a) = self.created.lock().unwrap().as_mut() {
             // The server sets the mtime as the write lands: no longer known here.
             a.mtime = None;
         }
+        let end = offset + data.len() as u64;
+        let early = match self.peek_error() {
+            None => u32::try_from(data.len())
+                .ok()
+                .and_then(|n| self.stream.early.clone().try_acquire_many_owned(n).ok()),
+            Some(_) => None,
+        };
+        let (done, answer) = match early {
+            Some(_) => (None, None),
+            None => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+        };
         let job = WriteJob::Data {
             file: self.clone(),
             offset,
             data,
             done,
+            early,
         };
-        self.stream.submit(fs, job)
+        if !self.stream.submit(fs, job) {
+            return None;
+        }
+        // Counted here, in the kernel's order (a truncate after it lowers it again), so that
+        // sizes shown while the write is queued include it.
+        self.written_end.fetch_max(end, Ordering::Relaxed);
+        Some(answer)
     }
 
     /// Wait for every write of the file queued so far to be answered; report the first failure
@@ -556,10 +598,15 @@ async fn writer_loop<R: Remote>(
                 offset,
                 data,
                 done,
+                early,
             } => {
                 if let Some(err) = file.peek_error() {
+                    // Not sent: the failure stays latched for flush/fsync (and is reported
+                    // here too, if the write is still waiting for its answer).
                     stream.queued.fetch_sub(1, Ordering::AcqRel);
-                    let _ = done.send(Err(err));
+                    if let Some(done) = done {
+                        let _ = done.send(Err(err));
+                    }
                     continue;
                 }
                 let same = last
@@ -660,9 +707,16 @@ async fn writer_loop<R: Remote>(
                 }
                 run_len += len;
                 run_end = offset + len;
-                file.written_end.fetch_max(offset + len, Ordering::Relaxed);
+                drop(early);
+                if let Some(fs) = fs.upgrade() {
+                    // Anything fetched while this write was on its way may predate it.
+                    fs.attrs_changed(file.ino, None);
+                    fs.stats.bytes_written.fetch_add(len, Ordering::Relaxed);
+                }
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
-                let _ = done.send(Ok(len as u32));
+                if let Some(done) = done {
+                    let _ = done.send(Ok(len as u32));
+                }
             }
             WriteJob::SetAttrs { file, attrs } => {
                 let same = last

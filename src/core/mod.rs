@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use tokio::sync::oneshot;
 
 use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
@@ -2360,26 +2359,21 @@ impl<R: Remote> Fs<R> {
                 .reserve_write(file.ino, offset, data.len() as u64)
                 .map_err(|_| FsError::new(libc::ENOSPC, "the delegation's byte quota is used up"))?
                 as usize;
-            let (done, rx) = oneshot::channel();
-            let data = Bytes::copy_from_slice(&data[..fits.min(data.len())]);
-            if !file.submit_write(self, offset, data, done) {
+            let n = fits.min(data.len());
+            let data = Bytes::copy_from_slice(&data[..n]);
+            let Some(answer) = file.submit_write(self, offset, data) else {
                 return Err(FsError::new(libc::EBADF, "file is being closed"));
-            }
+            };
             self.status_changed(file.ino);
             self.attrs_changed(file.ino, None);
-            Ok((file, rx))
+            Ok((file, answer, n as u32))
         })();
         async move {
-            let (file, rx) = queued?;
+            let (file, answer, n) = queued?;
+            // Answered when queued (see core/file.rs): no hand-off to the writer task first.
+            let Some(rx) = answer else { return Ok(n) };
             match rx.await {
-                Ok(Ok(n)) => {
-                    // Anything fetched while this write was on its way may predate it.
-                    this.attrs_changed(file.ino, None);
-                    this.stats
-                        .bytes_written
-                        .fetch_add(n as u64, Ordering::Relaxed);
-                    Ok(n)
-                }
+                Ok(Ok(n)) => Ok(n),
                 Ok(Err(e)) => {
                     let path = this.path_of(file.ino).unwrap_or_else(|_| this.root.clone());
                     Err(this

@@ -1062,7 +1062,7 @@ async fn wb_overlapping_writes_keep_their_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_write_failure_is_reported_by_the_next_flush() {
     let h = Harness::new();
-    let (_, fh) = h.create(ROOT, "f").await;
+    let (f, fh) = h.create(ROOT, "f").await;
     h.write(fh, 0, b"good").await;
     h.fs.flush(fh).await.unwrap();
 
@@ -1082,15 +1082,24 @@ async fn wb_write_failure_is_reported_by_the_next_flush() {
     h.fs.flush(fh).await.unwrap();
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"goodmore");
 
-    // A failure followed by more writes: every later write is refused and flush reports.
+    // A failure followed by more writes: once the failure is known (a getattr waits for the
+    // writes before it), every later write is refused, and flush reports it. (A write
+    // answered when queued, before the failure came back, is not sent after it.)
     h.plan.fail_next(ROp::Write, 1, failure("injected"));
     let _ = h.fs.write(fh, 8, b"1111").await;
-    let w2 = h.fs.write(fh, 12, b"2222").await;
+    let _ = h.fs.write(fh, 12, b"2222").await;
+    let _ = h.fs.getattr(f, Some(fh)).await;
+    let w3 = h.fs.write(fh, 16, b"3333").await;
     assert!(
-        w2.is_err(),
+        w3.is_err(),
         "a write queued after a latched failure was acknowledged"
     );
     assert!(h.fs.flush(fh).await.is_err(), "flush after a failed write");
+    assert_eq!(
+        std::fs::read(h.disk("f")).unwrap(),
+        b"goodmore",
+        "writes queued behind a failed write were sent after it"
+    );
 
     // fsync reports it too.
     h.plan.fail_next(ROp::Write, 1, failure("injected"));
@@ -1146,6 +1155,93 @@ async fn wb_getattr_during_in_flight_writes_shows_the_written_size() {
     h.plan.clear_all();
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.meta("f").len(), 160);
+}
+
+/// Poll a future once, as the FUSE adapter does on the FUSE thread: whether it is answered
+/// there, without waiting for another task.
+fn answered_at_once<T>(
+    fut: &mut std::pin::Pin<Box<impl std::future::Future<Output = T>>>,
+) -> Option<T> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(v) => Some(v),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Writes that fit in the file's queue are answered where they are queued, without waiting
+/// for the writer task to send them; past `EARLY_ANSWER_BYTES` queued and not yet sent, a
+/// write waits for the writer. Whatever was answered early is seen by a read and a getattr
+/// through another descriptor, and lands in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_writes_answered_when_queued_within_a_bound() {
+    use super::file::EARLY_ANSWER_BYTES;
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    // The writer is held up on the first write it sends until the loop below is done.
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_secs(1)));
+    const CHUNK: usize = 512 * 1024;
+    let data = pattern(2 * EARLY_ANSWER_BYTES as usize);
+    let mut at_once = 0;
+    let mut waiting = Vec::new();
+    for (i, chunk) in data.chunks(CHUNK).enumerate() {
+        let mut w = Box::pin(h.fs.write(fh, (i * CHUNK) as u64, chunk));
+        match answered_at_once(&mut w) {
+            Some(n) => {
+                assert_eq!(n.unwrap() as usize, chunk.len());
+                at_once += 1;
+            }
+            None => waiting.push(tokio::spawn(w)),
+        }
+    }
+    h.plan.set_op_delay(ROp::Write, None);
+    assert!(at_once > 0, "no write was answered when queued");
+    assert!(
+        at_once * CHUNK <= EARLY_ANSWER_BYTES as usize,
+        "{at_once} writes of {CHUNK} bytes answered before any was sent (bound: {EARLY_ANSWER_BYTES})"
+    );
+    let reader = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(h.size(f, Some(reader)).await, data.len() as u64, "getattr");
+    let got = h.read(reader, 0, CHUNK as u32).await;
+    assert_eq!(got, data[..CHUNK], "read through another descriptor");
+    for w in waiting {
+        w.await.unwrap().unwrap();
+    }
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    h.fs.release(reader).await.unwrap();
+    assert!(
+        std::fs::read(h.disk("f")).unwrap() == data,
+        "content on disk"
+    );
+}
+
+/// tar: create, write, futimens. The times are set behind the writes; the attributes
+/// answered for them show the size of the writes still queued (answered early).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_times_set_behind_queued_writes_show_their_size() {
+    let h = Harness::new();
+    let (f, fh) = h
+        .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
+        .await;
+    h.plan
+        .set_op_delay(ROp::Write, Some(Duration::from_millis(300)));
+    let mut w = Box::pin(h.fs.write(fh, 0, &[7; 1000]));
+    assert_eq!(answered_at_once(&mut w).map(Result::unwrap), Some(1000));
+    let set = SetattrRequest {
+        mtime: at(1_000_000),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(f, None, set).await.unwrap();
+    assert_eq!(a.size, 1000, "size answered with the times");
+    h.plan.set_op_delay(ROp::Write, None);
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(
+        (h.meta("f").len(), secs(h.meta("f").modified().unwrap())),
+        (1000, 1_000_000)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
