@@ -423,6 +423,48 @@ fn small_files_read_one_by_one_are_fetched_ahead_and_stay_coherent() {
     );
 }
 
+/// `git status` rehashes files in index order (by name), which is not the order the server
+/// lists a directory in: the files fetched ahead follow the order the tool reads in, so in a
+/// directory bigger than the read-ahead window nearly every open is answered from memory.
+#[test]
+fn small_files_read_by_name_are_fetched_ahead_in_that_order() {
+    let m = TestMount::start(&[]);
+    fs::create_dir(m.e("big")).unwrap();
+    // Created in a scrambled order, so that no listing order the server might use (hash,
+    // creation or its reverse) is the order by name.
+    const FILES: u64 = 150;
+    for k in 0..FILES {
+        let i = (k * 67) % FILES;
+        fs::write(m.e(format!("big/f{i:03}")), pattern(i, 500)).unwrap();
+    }
+    let listed: Vec<_> = fs::read_dir(m.p("big"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let mut names = listed.clone();
+    names.sort();
+    assert_ne!(listed, names, "the server lists the directory by name");
+    let before = awcp_mount::control::request(&m.mnt, "status").unwrap()["opens_fetched_ahead"]
+        .as_u64()
+        .unwrap();
+    for name in &names {
+        let got = fs::read(m.p("big").join(name)).unwrap();
+        assert_same_bytes(
+            &got,
+            &fs::read(m.e("big").join(name)).unwrap(),
+            &format!("big/{name:?}"),
+        );
+    }
+    let fetched = awcp_mount::control::request(&m.mnt, "status").unwrap()["opens_fetched_ahead"]
+        .as_u64()
+        .unwrap()
+        - before;
+    assert!(
+        fetched >= FILES - 10,
+        "only {fetched} of {FILES} opens in name order were answered from files fetched ahead"
+    );
+}
+
 /// `rm -rf` through the mount: its unlinks are answered before the server's REMOVE, and each
 /// rmdir waits for them, so the tree is gone on the server when `rm` returns. A name unlinked
 /// and made again, and an unlink followed by fsync of its directory, reach the server in order.

@@ -7,6 +7,15 @@
 //! cached listing are fetched in the background (OPEN, READ, CLOSE; many at once), and an
 //! open that finds its file fetched is answered from memory, without a round trip.
 //!
+//! Which files come next depends on the tool. `grep -r` and `cp -r` read a directory in the
+//! order it is listed; `git status` rehashes in index order, which is by name. In a big
+//! directory, fetching in the wrong order fills the window with files read much later, and
+//! the opens in between all go to the server. So the next files are taken in the order the
+//! last two opens in the directory followed: listing order if the second came right after
+//! the first in the listing, name order (bytewise, as git sorts) after the last name if it
+//! sorted after the first, listing order otherwise. A directory with one open so far gets
+//! the order found in the directory read before it.
+//!
 //! While files are being read one after another (three opens for reading within
 //! [`READING_WINDOW`], wherever they are), a tool is walking a tree: then the first open in a
 //! directory, and the directory's `opendir`, are enough (trees of small directories, where a
@@ -29,6 +38,7 @@
 use std::collections::HashSet;
 use std::ffi::{OsStr, OsString};
 use std::num::NonZeroUsize;
+use std::os::unix::ffi::OsStrExt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -91,6 +101,35 @@ struct DirPattern {
     opens: u32,
     /// Names opened or fetched ahead already (never fetched again this round).
     handled: HashSet<OsString>,
+    /// The two names opened last (the older first).
+    last_two: [Option<OsString>; 2],
+}
+
+/// The order a tool reads a directory's files in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReadOrder {
+    /// As the server lists them (`grep -r`, `cp -r`).
+    Listing,
+    /// By name, bytewise (`git status`, which follows its index).
+    ByName,
+}
+
+impl DirPattern {
+    /// The order the last two opens followed, if they tell (both names are in the listing).
+    fn order(&self, listing: &[DirEntry]) -> Option<ReadOrder> {
+        let [Some(prev), Some(last)] = &self.last_two else {
+            return None;
+        };
+        let at = |n: &OsString| listing.iter().position(|e| &e.name == n);
+        let (p, l) = (at(prev)?, at(last)?);
+        Some(if l == p + 1 {
+            ReadOrder::Listing
+        } else if last.as_bytes() > prev.as_bytes() {
+            ReadOrder::ByName
+        } else {
+            ReadOrder::Listing
+        })
+    }
 }
 
 struct State {
@@ -100,6 +139,8 @@ struct State {
     dirs: LruCache<Ino, DirPattern>,
     /// When the last few files were opened for reading (oldest first).
     recent_opens: std::collections::VecDeque<Instant>,
+    /// The order found in the directory planned last, for one that does not tell yet.
+    last_order: ReadOrder,
 }
 
 impl State {
@@ -126,6 +167,7 @@ impl Default for SmallFileAhead {
                 bytes: 0,
                 dirs: LruCache::new(cap(MAX_DIRS)),
                 recent_opens: std::collections::VecDeque::with_capacity(READING_OPENS + 1),
+                last_order: ReadOrder::Listing,
             }),
         }
     }
@@ -145,6 +187,8 @@ impl SmallFileAhead {
             pattern.handled.insert(name.to_os_string());
         }
         pattern.opens = pattern.opens.saturating_add(1);
+        pattern.last_two.rotate_left(1);
+        pattern.last_two[1] = Some(name.to_os_string());
         let second_here = pattern.opens >= 2;
         s.recent_opens.push_back(Instant::now());
         if s.recent_opens.len() > READING_OPENS {
@@ -162,7 +206,8 @@ impl SmallFileAhead {
     }
 
     /// Choose the next files of `dir`'s `listing` to fetch: regular files of known size up
-    /// to [`SMALL_FILE_MAX`] not handled yet, within the per-directory and mount-wide bounds.
+    /// to [`SMALL_FILE_MAX`] not handled yet, in the order the tool reads the directory (see
+    /// the module doc), within the per-directory and mount-wide bounds.
     /// `skip` says which names must not be fetched (a descriptor of them is open). Fetches
     /// older than `ttl` that no open took are dropped first.
     pub fn plan(
@@ -184,7 +229,22 @@ impl SmallFileAhead {
         let mut ahead = s.ahead_in(dir);
         let planned = Instant::now();
         let mut out = Vec::new();
-        for e in listing {
+        let pattern = s.dirs.get_or_insert_mut(dir, DirPattern::default);
+        let told = pattern.order(listing);
+        let after = pattern.last_two[1].clone();
+        let order = told.unwrap_or(s.last_order);
+        if let Some(o) = told {
+            s.last_order = o;
+        }
+        let by_name;
+        let candidates: &[DirEntry] = match (order, after) {
+            (ReadOrder::ByName, Some(after)) => {
+                by_name = next_by_name(listing, &after, AHEAD_PER_DIR * 2);
+                &by_name
+            }
+            _ => listing,
+        };
+        for e in candidates {
             if ahead >= AHEAD_PER_DIR {
                 break;
             }
@@ -224,6 +284,11 @@ impl SmallFileAhead {
         out
     }
 
+    /// Bytes of fetched files waiting for their open (for tests and status).
+    pub fn bytes_waiting(&self) -> u64 {
+        self.state.lock().unwrap().bytes
+    }
+
     /// A fetch failed: forget it, so its bytes count no more (an open of the file goes to
     /// the server as usual).
     pub fn failed(&self, dir: Ino, name: &OsStr, slot: &Slot) {
@@ -238,11 +303,22 @@ impl SmallFileAhead {
             }
         }
     }
+}
 
-    /// Bytes of fetched files waiting for their open (for tests and status).
-    pub fn bytes_waiting(&self) -> u64 {
-        self.state.lock().unwrap().bytes
+/// The `n` entries of `listing` that come first by name after `after` (bytewise), in that
+/// order: a selection, not a sort of the whole listing, which may be large.
+fn next_by_name(listing: &[DirEntry], after: &OsStr, n: usize) -> Vec<DirEntry> {
+    let mut later: Vec<&DirEntry> = listing
+        .iter()
+        .filter(|e| e.name.as_bytes() > after.as_bytes())
+        .collect();
+    let by_name = |a: &&DirEntry, b: &&DirEntry| a.name.as_bytes().cmp(b.name.as_bytes());
+    if later.len() > n {
+        later.select_nth_unstable_by(n, by_name);
+        later.truncate(n);
     }
+    later.sort_unstable_by(by_name);
+    later.into_iter().cloned().collect()
 }
 
 #[cfg(test)]
@@ -336,6 +412,84 @@ mod tests {
         // A TTL of zero: everything waiting is too old to use and is dropped.
         ahead.plan(9, &[], Duration::ZERO, |_| false);
         assert_eq!(ahead.bytes_waiting(), 0);
+    }
+
+    fn names(planned: &[Planned]) -> Vec<String> {
+        planned
+            .iter()
+            .map(|p| p.name.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// A listing in no particular order (as ext4 lists): n0..n9 shuffled.
+    fn shuffled() -> Vec<DirEntry> {
+        [7, 2, 9, 0, 5, 3, 8, 1, 6, 4]
+            .iter()
+            .map(|i| file(&format!("n{i}"), 10))
+            .collect()
+    }
+
+    #[test]
+    fn files_opened_by_name_are_fetched_next_by_name() {
+        let ahead = SmallFileAhead::default();
+        let listing = shuffled();
+        ahead.opened(1, OsStr::new("n0"));
+        ahead.opened(1, OsStr::new("n1"));
+        assert_eq!(
+            names(&ahead.plan(1, &listing, TTL, |_| false)),
+            ["n2", "n3", "n4", "n5", "n6", "n7", "n8", "n9"],
+            "git status reads its index by name"
+        );
+    }
+
+    #[test]
+    fn files_opened_in_listing_order_are_fetched_in_listing_order() {
+        let ahead = SmallFileAhead::default();
+        let listing = shuffled();
+        // n7 then n2: next to each other in the listing (and not ascending by name).
+        ahead.opened(1, OsStr::new("n7"));
+        ahead.opened(1, OsStr::new("n2"));
+        assert_eq!(
+            names(&ahead.plan(1, &listing, TTL, |_| false)),
+            ["n9", "n0", "n5", "n3", "n8", "n1", "n6", "n4"],
+            "grep -r reads in listing order"
+        );
+        // Two ascending names that are also neighbours in the listing: listing order.
+        let ahead = SmallFileAhead::default();
+        ahead.opened(2, OsStr::new("n5"));
+        ahead.opened(2, OsStr::new("n3"));
+        ahead.opened(2, OsStr::new("n8"));
+        assert_eq!(
+            names(&ahead.plan(2, &listing, TTL, |_| false)),
+            ["n7", "n2", "n9", "n0", "n1", "n6", "n4"]
+        );
+    }
+
+    #[test]
+    fn a_directory_with_one_open_takes_the_order_of_the_one_before() {
+        let ahead = SmallFileAhead::default();
+        let listing = shuffled();
+        ahead.opened(1, OsStr::new("n0"));
+        ahead.opened(1, OsStr::new("n1"));
+        ahead.plan(1, &listing, TTL, |_| false);
+        // A tool reading through a tree opens the first file of the next directory.
+        ahead.opened(2, OsStr::new("n3"));
+        assert_eq!(
+            names(&ahead.plan(2, &listing, TTL, |_| false)),
+            ["n4", "n5", "n6", "n7", "n8", "n9"]
+        );
+    }
+
+    #[test]
+    fn by_name_takes_a_bounded_selection_of_a_big_listing() {
+        let listing: Vec<DirEntry> = (0..10_000)
+            .rev()
+            .map(|i| file(&format!("f{i:05}"), 10))
+            .collect();
+        let next = next_by_name(&listing, OsStr::new("f04999"), 3);
+        let got: Vec<_> = next.iter().map(|e| e.name.clone()).collect();
+        assert_eq!(got, ["f05000", "f05001", "f05002"]);
+        assert!(next_by_name(&listing, OsStr::new("f09999"), 3).is_empty());
     }
 
     #[test]
