@@ -46,10 +46,11 @@ impl<R: Remote> FuseAdapter<R> {
     }
 
     /// Serve a request under a span of its own: run `fut` here, on the FUSE thread, until it
-    /// first has to wait, and hand what is left to the runtime. A request answered from
-    /// memory (most lookups and getattrs, readdir, a write queued behind, a release) then
-    /// costs no hand-off between threads, which on a busy machine cost more than the work
-    /// itself; one that needs the server has sent its request by the time it is handed over.
+    /// first has to wait, and hand what is left to the runtime when it is woken (see
+    /// `handoff.rs`). A request answered from memory (most lookups and getattrs, readdir, a
+    /// write queued behind, a release) then costs no hand-off between threads, which on a
+    /// busy machine cost more than the work itself; one that needs the server has sent its
+    /// request by the time it is parked, and goes on where its answer arrives.
     /// Nothing here blocks: a future only waits by returning `Pending`.
     fn spawn<F>(&self, op: &'static str, req: &Request, fut: F)
     where
@@ -57,16 +58,7 @@ impl<R: Remote> FuseAdapter<R> {
     {
         let span = tracing::debug_span!("fuse", op, req = req.unique().0);
         self.count_op();
-        let mut fut = Box::pin(fut.instrument(span));
-        let runtime = self.fs.runtime();
-        // (Within the runtime's context: the future may spawn tasks and set timers.)
-        let _context = runtime.enter();
-        // The no-op waker is never woken: a future that is not done is polled again by the
-        // runtime right after the hand-off, and registers the runtime's waker then.
-        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        if fut.as_mut().poll(&mut cx).is_pending() {
-            runtime.spawn(fut);
-        }
+        crate::handoff::run_here_then_on(self.fs.runtime(), fut.instrument(span));
     }
 }
 

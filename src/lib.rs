@@ -12,6 +12,7 @@ pub mod core;
 pub mod daemon;
 pub mod error;
 pub mod fuse;
+pub mod handoff;
 pub mod kernel_mount;
 pub mod mount;
 pub mod mount_helper;
