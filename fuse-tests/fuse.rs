@@ -176,6 +176,15 @@ fn set_times(p: &Path, atime: Option<(i64, i64)>, mtime: Option<(i64, i64)>) -> 
 }
 
 /// Names in a directory.
+/// A counter from the mount's `status` (through its control socket).
+fn status_counter(m: &TestMount, key: &str) -> u64 {
+    let st = awcp_mount::control::request(&m.mnt, "status")
+        .unwrap_or_else(|e| panic!("status of {}: {e}", m.mnt.display()));
+    st[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {key} in status: {st}"))
+}
+
 fn names(dir: &Path) -> Vec<OsString> {
     let mut v: Vec<OsString> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
@@ -395,9 +404,7 @@ fn small_files_read_one_by_one_are_fetched_ahead_and_stay_coherent() {
         let got = fs::read(m.p("src").join(name)).unwrap();
         assert_same_bytes(&got, &want(name), &format!("src/{name:?}"));
     }
-    let fetched = awcp_mount::control::request(&m.mnt, "status").unwrap()["opens_fetched_ahead"]
-        .as_u64()
-        .unwrap();
+    let fetched = status_counter(&m, "opens_fetched_ahead");
     assert!(
         fetched >= 20,
         "only {fetched} of 38 opens were fetched ahead"
@@ -444,9 +451,7 @@ fn small_files_read_by_name_are_fetched_ahead_in_that_order() {
     let mut names = listed.clone();
     names.sort();
     assert_ne!(listed, names, "the server lists the directory by name");
-    let before = awcp_mount::control::request(&m.mnt, "status").unwrap()["opens_fetched_ahead"]
-        .as_u64()
-        .unwrap();
+    let before = status_counter(&m, "opens_fetched_ahead");
     for name in &names {
         let got = fs::read(m.p("big").join(name)).unwrap();
         assert_same_bytes(
@@ -455,9 +460,7 @@ fn small_files_read_by_name_are_fetched_ahead_in_that_order() {
             &format!("big/{name:?}"),
         );
     }
-    let fetched = awcp_mount::control::request(&m.mnt, "status").unwrap()["opens_fetched_ahead"]
-        .as_u64()
-        .unwrap()
+    let fetched = status_counter(&m, "opens_fetched_ahead")
         - before;
     assert!(
         fetched >= FILES - 10,
@@ -1331,14 +1334,9 @@ fn writes_through_two_descriptors_reach_the_server_in_order() {
     );
 }
 
-/// Bytes of a file's writes that went through extra lanes (other SFTP channels), from the
-/// mount's `status`.
+/// Bytes of a file's writes that went through extra lanes (other SFTP channels).
 fn bytes_striped(m: &TestMount) -> u64 {
-    let st = awcp_mount::control::request(&m.mnt, "status")
-        .unwrap_or_else(|e| panic!("status of {}: {e}", m.mnt.display()));
-    st["bytes_striped"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no bytes_striped in status: {st}"))
+    status_counter(m, "bytes_striped")
 }
 
 /// A large sequential write is striped over several SFTP channels (each with its own SSH
@@ -3001,15 +2999,6 @@ fn posix_ctime_advances_on_every_status_change() {
     }
 }
 
-/// The mount's count of kernel requests, from its `status`.
-fn ops(m: &TestMount) -> u64 {
-    let st = awcp_mount::control::request(&m.mnt, "status")
-        .unwrap_or_else(|e| panic!("status of {}: {e}", m.mnt.display()));
-    st["ops"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no ops in status: {st}"))
-}
-
 /// Extended attributes are not supported (SFTP v3 has none) and say so as a local
 /// filesystem without them does (EOPNOTSUPP). The kernel learns it from the first request
 /// and stops asking: neither later xattr calls (`ls -l` makes two per file) nor the
@@ -3036,13 +3025,13 @@ fn xattrs_unsupported_and_asked_once() {
         "removexattr",
     );
 
-    let before = ops(&m);
+    let before = status_counter(&m, "ops");
     for _ in 0..50 {
         assert_errno(result(get()), libc::EOPNOTSUPP, "getxattr again");
         assert_errno(result(list()), libc::EOPNOTSUPP, "listxattr again");
     }
     assert_eq!(
-        ops(&m),
+        status_counter(&m, "ops"),
         before,
         "xattr calls after the first reached the mount"
     );
@@ -3050,11 +3039,11 @@ fn xattrs_unsupported_and_asked_once() {
     // Each write(2) is one FUSE_WRITE (no writeback cache); with xattrs asked for, each
     // would also be a FUSE_GETXATTR of security.capability.
     const WRITES: u64 = 30;
-    let before = ops(&m);
+    let before = status_counter(&m, "ops");
     for i in 0..WRITES {
         f.write_all_at(b"y", i + 1).unwrap();
     }
-    let sent = ops(&m) - before;
+    let sent = status_counter(&m, "ops") - before;
     assert!(
         sent <= WRITES + 2,
         "{WRITES} writes cost {sent} requests to the mount (xattr checks per write?)"
