@@ -460,8 +460,7 @@ fn small_files_read_by_name_are_fetched_ahead_in_that_order() {
             &format!("big/{name:?}"),
         );
     }
-    let fetched = status_counter(&m, "opens_fetched_ahead")
-        - before;
+    let fetched = status_counter(&m, "opens_fetched_ahead") - before;
     assert!(
         fetched >= FILES - 10,
         "only {fetched} of {FILES} opens in name order were answered from files fetched ahead"
