@@ -3050,3 +3050,35 @@ fn xattrs_unsupported_and_asked_once() {
     drop(f);
     assert_eq!(fs::metadata(m.e("f")).unwrap().len(), 1 + WRITES);
 }
+
+/// The mount's network side runs on one tokio worker (`mount::io_runtime`): a second one
+/// cost a wake-up per request and bought nothing measurable. Busy work in parallel still
+/// completes on it.
+#[test]
+fn one_network_worker_serves_parallel_work() {
+    let m = TestMount::start(&[]);
+    let data = pattern(7, 3 << 20);
+    let writers: Vec<_> = (0..4)
+        .map(|i| {
+            let path = m.p(format!("f{i}"));
+            let data = data.clone();
+            std::thread::spawn(move || fs::write(path, data).unwrap())
+        })
+        .collect();
+    writers.into_iter().for_each(|t| t.join().unwrap());
+    for i in 0..4 {
+        assert_same_bytes(
+            &fs::read(m.p(format!("f{i}"))).unwrap(),
+            &data,
+            "parallel write",
+        );
+    }
+    let workers = fs::read_dir(format!("/proc/{}/task", m.pid()))
+        .unwrap()
+        .filter(|t| {
+            let comm = t.as_ref().unwrap().path().join("comm");
+            fs::read_to_string(comm).is_ok_and(|c| c.trim() == "awcp-io")
+        })
+        .count();
+    assert_eq!(workers, 1, "tokio worker threads of the mount");
+}
