@@ -605,6 +605,9 @@ fn serve<R: Remote>(
     readiness: &mut Readiness,
 ) -> Result<(), MountError> {
     let signals_fs = fs.clone();
+    // Set once a signal asked us to stop, before we unmount.
+    let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop_requested = stopping.clone();
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let (Ok(mut term), Ok(mut int), Ok(mut hup)) = (
@@ -621,6 +624,7 @@ fn serve<R: Remote>(
             _ = hup.recv() => {}
         }
         tracing::info!("signal received: flushing and unmounting");
+        stop_requested.store(true, std::sync::atomic::Ordering::SeqCst);
         if let Err(e) = signals_fs.flush_all().await {
             tracing::warn!("some writes could not be flushed before unmount: {e}");
         }
@@ -641,7 +645,19 @@ fn serve<R: Remote>(
         std::process::exit(0);
     });
     readiness.ready();
-    let result = session.run();
+    let result = match session.run() {
+        // The kernel ends the session of a mount we detached ourselves (busy at SIGTERM) with
+        // ENODEV, or sometimes ECONNABORTED, once its last file is closed; fuser takes only
+        // the first for a clean end. Either way the connection is over, as we asked.
+        Err(e)
+            if e.raw_os_error() == Some(libc::ECONNABORTED)
+                && stopping.load(std::sync::atomic::Ordering::SeqCst) =>
+        {
+            tracing::debug!("FUSE connection ended with ECONNABORTED after our unmount");
+            Ok(())
+        }
+        other => other,
+    };
     // Writes still queued when the kernel let go (umount with open files is refused, so
     // normally none) get a last chance.
     let _ = rt.block_on(fs.flush_all());
