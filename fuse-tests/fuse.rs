@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use common::mount::{
     base_args, fstypes_at, is_awcp_mounted, is_mounted, opt_path, os, pid_alive, poll_until,
-    run_with_deadline, standard_args, try_run_with_deadline, Launch, MountFailure, TestMount, BIN,
-    NO_CACHE,
+    run_with_deadline, standard_args, status_counter, try_run_with_deadline, Launch, MountFailure,
+    TestMount, BIN, NO_CACHE,
 };
 use common::sshd::TestSshd;
 use nix::sys::signal::Signal;
@@ -176,15 +176,6 @@ fn set_times(p: &Path, atime: Option<(i64, i64)>, mtime: Option<(i64, i64)>) -> 
 }
 
 /// Names in a directory.
-/// A counter from the mount's `status` (through its control socket).
-fn status_counter(m: &TestMount, key: &str) -> u64 {
-    let st = awcp_mount::control::request(&m.mnt, "status")
-        .unwrap_or_else(|e| panic!("status of {}: {e}", m.mnt.display()));
-    st[key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no {key} in status: {st}"))
-}
-
 fn names(dir: &Path) -> Vec<OsString> {
     let mut v: Vec<OsString> = fs::read_dir(dir)
         .unwrap_or_else(|e| panic!("read_dir {}: {e}", dir.display()))
@@ -404,7 +395,7 @@ fn small_files_read_one_by_one_are_fetched_ahead_and_stay_coherent() {
         let got = fs::read(m.p("src").join(name)).unwrap();
         assert_same_bytes(&got, &want(name), &format!("src/{name:?}"));
     }
-    let fetched = status_counter(&m, "opens_fetched_ahead");
+    let fetched = status_counter(&m.mnt, "opens_fetched_ahead");
     assert!(
         fetched >= 20,
         "only {fetched} of 38 opens were fetched ahead"
@@ -451,7 +442,7 @@ fn small_files_read_by_name_are_fetched_ahead_in_that_order() {
     let mut names = listed.clone();
     names.sort();
     assert_ne!(listed, names, "the server lists the directory by name");
-    let before = status_counter(&m, "opens_fetched_ahead");
+    let before = status_counter(&m.mnt, "opens_fetched_ahead");
     for name in &names {
         let got = fs::read(m.p("big").join(name)).unwrap();
         assert_same_bytes(
@@ -460,7 +451,7 @@ fn small_files_read_by_name_are_fetched_ahead_in_that_order() {
             &format!("big/{name:?}"),
         );
     }
-    let fetched = status_counter(&m, "opens_fetched_ahead") - before;
+    let fetched = status_counter(&m.mnt, "opens_fetched_ahead") - before;
     assert!(
         fetched >= FILES - 10,
         "only {fetched} of {FILES} opens in name order were answered from files fetched ahead"
@@ -488,9 +479,7 @@ fn rm_rf_and_unlinks_answered_early_reach_the_server() {
         !m.e("tree").exists(),
         "rm -rf returned before the server removed the tree"
     );
-    let early = awcp_mount::control::request(&m.mnt, "status").unwrap()["unlinks_behind"]
-        .as_u64()
-        .unwrap();
+    let early = status_counter(&m.mnt, "unlinks_behind");
     assert!(
         early >= 60,
         "only {early} of 68 unlinks were answered early"
@@ -1335,7 +1324,7 @@ fn writes_through_two_descriptors_reach_the_server_in_order() {
 
 /// Bytes of a file's writes that went through extra lanes (other SFTP channels).
 fn bytes_striped(m: &TestMount) -> u64 {
-    status_counter(m, "bytes_striped")
+    status_counter(&m.mnt, "bytes_striped")
 }
 
 /// A large sequential write is striped over several SFTP channels (each with its own SSH
@@ -3024,13 +3013,13 @@ fn xattrs_unsupported_and_asked_once() {
         "removexattr",
     );
 
-    let before = status_counter(&m, "ops");
+    let before = status_counter(&m.mnt, "ops");
     for _ in 0..50 {
         assert_errno(result(get()), libc::EOPNOTSUPP, "getxattr again");
         assert_errno(result(list()), libc::EOPNOTSUPP, "listxattr again");
     }
     assert_eq!(
-        status_counter(&m, "ops"),
+        status_counter(&m.mnt, "ops"),
         before,
         "xattr calls after the first reached the mount"
     );
@@ -3038,11 +3027,11 @@ fn xattrs_unsupported_and_asked_once() {
     // Each write(2) is one FUSE_WRITE (no writeback cache); with xattrs asked for, each
     // would also be a FUSE_GETXATTR of security.capability.
     const WRITES: u64 = 30;
-    let before = status_counter(&m, "ops");
+    let before = status_counter(&m.mnt, "ops");
     for i in 0..WRITES {
         f.write_all_at(b"y", i + 1).unwrap();
     }
-    let sent = status_counter(&m, "ops") - before;
+    let sent = status_counter(&m.mnt, "ops") - before;
     assert!(
         sent <= WRITES + 2,
         "{WRITES} writes cost {sent} requests to the mount (xattr checks per write?)"

@@ -38,8 +38,8 @@ use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant, SystemTime};
 
 use common::mount::{
-    fstypes_at, is_awcp_mounted, is_mounted, mount_options_at, mount_points_under, opt_path,
-    pid_alive, pids_with_cmdline, poll_until, run_with_deadline, standard_args,
+    fstypes_at, is_awcp_mounted, is_mounted, mount_options_at, mount_points_under, mount_status,
+    opt_path, pid_alive, pids_with_cmdline, poll_until, run_with_deadline, standard_args,
     try_run_with_deadline, Launch, MountFailure, MountPoint, TestMount, BIN, NO_CACHE,
 };
 use common::sshd::TestSshd;
@@ -304,14 +304,8 @@ fn edit_policy(m: &TestMount, body: &str) {
     fs::rename(&tmp, &path).unwrap();
 }
 
-/// The mount's `status` answer (through its control socket).
-fn status(mnt: &Path) -> serde_json::Value {
-    awcp_mount::control::request(mnt, "status")
-        .unwrap_or_else(|e| panic!("status of {}: {e}", mnt.display()))
-}
-
 fn quota(mnt: &Path, key: &str) -> serde_json::Value {
-    status(mnt)["quota"][key].clone()
+    mount_status(mnt)["quota"][key].clone()
 }
 
 /// Poll `cond` every 20 ms until it holds or `DEADLINE` passes.
@@ -1337,7 +1331,7 @@ fn command_line_may_only_tighten_the_policy() {
         &s.join("tight.log"),
     )
     .unwrap_or_else(|e| panic!("tightened mount: {e:?}"));
-    let q = status(&x)["quota"].clone();
+    let q = mount_status(&x)["quota"].clone();
     assert_eq!(
         (q["bytes_max"].as_u64(), q["files_max"].as_u64()),
         (Some(10), Some(2))
@@ -1527,7 +1521,7 @@ fn ro_option_gives_a_kernel_read_only_mount() {
         Some("ro"),
         "mountinfo: {opts:?}"
     );
-    assert_eq!(status(&m.mnt)["access"], "ro");
+    assert_eq!(mount_status(&m.mnt)["access"], "ro");
     assert_every_mutation_is_erofs(&m, true, "-o ro");
 }
 
@@ -1543,7 +1537,7 @@ fn policy_allowing_only_ro_gives_a_kernel_read_only_mount() {
         Some("ro"),
         "mountinfo: {opts:?}"
     );
-    assert_eq!(status(&m.mnt)["access"], "ro");
+    assert_eq!(mount_status(&m.mnt)["access"], "ro");
     assert_every_mutation_is_erofs(&m, true, "allowed_access_modes = [\"ro\"]");
     assert!(
         m.stderr().contains("only read-only"),
@@ -1575,7 +1569,7 @@ fn downgrade_turns_a_running_mount_read_only() {
         libc::EROFS,
         "ftruncate on a descriptor opened before",
     );
-    assert_eq!(status(&m.mnt)["access"], "ro");
+    assert_eq!(mount_status(&m.mnt)["access"], "ro");
     assert_every_mutation_is_erofs(&m, false, "downgraded with a file open for writing");
     drop(w);
     assert_eq!(fs::read(m.e("open.txt")).unwrap(), b"written, still open");
@@ -1672,7 +1666,7 @@ fn lease_expiry_during_a_running_write() {
     )
     .unwrap_or_else(|f| panic!("mount failed: {f:?}"));
     let pid = m.pid();
-    assert_eq!(status(&m.mnt)["expires_at"], at.as_str());
+    assert_eq!(mount_status(&m.mnt)["expires_at"], at.as_str());
     // A descriptor on the mount's root, for trying new operations after the expiry whatever
     // the grace period has done by then (it keeps the filesystem alive until closed).
     let dir = File::open(&m.mnt).unwrap();
@@ -2646,7 +2640,7 @@ fn live_reload_access_can_only_be_tightened() {
     fs::write(m.p("before.txt"), b"written while rw").unwrap();
     edit_policy(&m, "allowed_access_modes = [\"ro\"]\n");
     assert!(
-        eventually(|| status(&m.mnt)["access"] == "ro"),
+        eventually(|| mount_status(&m.mnt)["access"] == "ro"),
         "not downgraded"
     );
     assert_eq!(fs::read(m.e("before.txt")).unwrap(), b"written while rw");
@@ -2669,7 +2663,7 @@ fn live_reload_access_can_only_be_tightened() {
         eventually(|| quota(&m.mnt, "bytes_max") == 777),
         "reload not applied"
     );
-    assert_eq!(status(&m.mnt)["access"], "ro");
+    assert_eq!(mount_status(&m.mnt)["access"], "ro");
     assert_errno(
         File::create(m.p("x")),
         libc::EROFS,

@@ -86,6 +86,20 @@ pub fn is_awcp_mounted(path: &Path) -> bool {
     fstypes_at(path).iter().any(|t| t == "fuse.awcp")
 }
 
+/// The `status` answer of the mount at `mnt` (through its control socket).
+pub fn mount_status(mnt: &Path) -> serde_json::Value {
+    awcp_mount::control::request(mnt, "status")
+        .unwrap_or_else(|e| panic!("status of {}: {e}", mnt.display()))
+}
+
+/// A counter from the `status` of the mount at `mnt`.
+pub fn status_counter(mnt: &Path, key: &str) -> u64 {
+    let st = mount_status(mnt);
+    st[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {key} in status: {st}"))
+}
+
 /// Poll `cond` until it holds or `timeout` passes; returns whether it held.
 pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + timeout;

@@ -284,11 +284,6 @@ impl SmallFileAhead {
         out
     }
 
-    /// Bytes of fetched files waiting for their open (for tests and status).
-    pub fn bytes_waiting(&self) -> u64 {
-        self.state.lock().unwrap().bytes
-    }
-
     /// A fetch failed: forget it, so its bytes count no more (an open of the file goes to
     /// the server as usual).
     pub fn failed(&self, dir: Ino, name: &OsStr, slot: &Slot) {
@@ -302,6 +297,11 @@ impl SmallFileAhead {
                 s.bytes -= p.bytes;
             }
         }
+    }
+
+    /// Bytes of fetched files waiting for their open (for tests and status).
+    pub fn bytes_waiting(&self) -> u64 {
+        self.state.lock().unwrap().bytes
     }
 }
 
