@@ -919,12 +919,12 @@ async fn cache_setattr_then_lookup_with_a_cached_listing() {
 async fn cache_lookup_racing_a_write_does_not_poison_the_attr_cache() {
     let h = Harness::new();
     let (f, fh) = h.create(ROOT, "f").await;
-    h.plan
-        .set_op_delay(ROp::Write, Some(Duration::from_millis(300)));
+    h.plan.hold(ROp::Write);
     let write = tokio::spawn(h.fs.write(fh, 0, &[b'x'; 100]));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_at_hold(&h, ROp::Write, 1).await;
     // Another process stats the file by name while the write is on its way.
     h.fs.lookup(ROOT, os("f")).await.unwrap();
+    h.plan.release(ROp::Write);
     assert_eq!(write.await.unwrap().unwrap(), 100);
     // The write has been acknowledged to the application.
     let size = h.size(f, None).await;
@@ -1157,6 +1157,17 @@ async fn wb_getattr_during_in_flight_writes_shows_the_written_size() {
     assert_eq!(h.meta("f").len(), 160);
 }
 
+/// Wait until `n` calls of `op` are waiting at the plan's hold (they reached the remote).
+async fn wait_at_hold(h: &Harness, op: ROp, n: usize) {
+    for _ in 0..10_000 {
+        if h.plan.waiting_at_hold(op) >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("{n} calls of {op:?} never reached the hold");
+}
+
 /// Poll a future once, as the FUSE adapter does on the FUSE thread: whether it is answered
 /// there, without waiting for another task.
 fn answered_at_once<T>(
@@ -1179,8 +1190,7 @@ async fn wb_writes_answered_when_queued_within_a_bound() {
     let h = Harness::new();
     let (f, fh) = h.create(ROOT, "f").await;
     // The writer is held up on the first write it sends until the loop below is done.
-    h.plan
-        .set_op_delay(ROp::Write, Some(Duration::from_secs(1)));
+    h.plan.hold(ROp::Write);
     const CHUNK: usize = 512 * 1024;
     let data = pattern(2 * EARLY_ANSWER_BYTES as usize);
     let mut at_once = 0;
@@ -1195,7 +1205,7 @@ async fn wb_writes_answered_when_queued_within_a_bound() {
             None => waiting.push(tokio::spawn(w)),
         }
     }
-    h.plan.set_op_delay(ROp::Write, None);
+    h.plan.release(ROp::Write);
     assert!(at_once > 0, "no write was answered when queued");
     assert!(
         at_once * CHUNK <= EARLY_ANSWER_BYTES as usize,
@@ -1225,17 +1235,21 @@ async fn wb_times_set_behind_queued_writes_show_their_size() {
     let (f, fh) = h
         .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
         .await;
-    h.plan
-        .set_op_delay(ROp::Write, Some(Duration::from_millis(300)));
+    h.plan.hold(ROp::Write);
     let mut w = Box::pin(h.fs.write(fh, 0, &[7; 1000]));
     assert_eq!(answered_at_once(&mut w).map(Result::unwrap), Some(1000));
     let set = SetattrRequest {
         mtime: at(1_000_000),
         ..Default::default()
     };
-    let a = h.fs.setattr(f, None, set).await.unwrap();
+    // Answered while the write is still held: it does not wait for it.
+    let a = tokio::time::timeout(Duration::from_secs(30), h.fs.setattr(f, None, set))
+        .await
+        .expect("setattr waited for the held write")
+        .unwrap();
     assert_eq!(a.size, 1000, "size answered with the times");
-    h.plan.set_op_delay(ROp::Write, None);
+    assert_eq!(h.meta("f").len(), 0, "the write was held");
+    h.plan.release(ROp::Write);
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     assert_eq!(
@@ -1659,12 +1673,12 @@ async fn reconnect_write_in_flight_at_disconnect_is_reported_at_flush() {
 async fn reconnect_write_queued_across_a_reconnect_lands() {
     let h = Harness::new();
     let (_, fh) = h.create(ROOT, "f").await;
-    h.plan
-        .set_op_delay(ROp::Write, Some(Duration::from_millis(200)));
+    h.plan.hold(ROp::Write);
     let w = tokio::spawn(h.fs.write(fh, 0, b"data"));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    wait_at_hold(&h, ROp::Write, 1).await;
     h.plan.disconnect();
     h.plan.restore();
+    h.plan.release(ROp::Write);
     let w = w.await.unwrap();
     let flushed = h.fs.flush(fh).await;
     h.plan.clear_all();
@@ -3888,19 +3902,31 @@ async fn unlink_behind_answers_early_and_keeps_order() {
         h.write(fh, 0, b"old").await;
         h.fs.release(fh).await.unwrap();
     }
-    // The REMOVE reaches the server only 2 s after it is sent.
-    h.plan
-        .set_op_delay(ROp::Remove, Some(Duration::from_secs(2)));
+    // The REMOVE does not reach the server until released.
+    h.plan.hold(ROp::Remove);
     h.fs.unlink(d, os("a")).await.unwrap();
     assert!(h.disk("d/a").exists(), "the unlink waited for the server");
     assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
     // The mount shows it gone at once.
     assert_errno(h.fs.lookup(d, os("a")).await, libc::ENOENT, "lookup");
     assert_eq!(readdir_names(&h, d).await, [".", "..", "b"]);
-    // Creating the name again waits for the REMOVE: the new file is not removed by it.
-    let (_, fh) = h
-        .create_with(d, "a", libc::O_RDWR | libc::O_CREAT | libc::O_EXCL)
-        .await;
+    // Creating the name again waits for the REMOVE: the new file is not removed by it. (Had
+    // the create not waited, it would be done by now, and the REMOVE let go below would
+    // remove the new file.)
+    let fs = h.fs.clone();
+    let mut create = tokio::spawn(async move {
+        let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
+        fs.create(d, os("a"), FILE_MODE, UMASK, OpenRequest { flags })
+            .await
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut create)
+            .await
+            .is_err(),
+        "the create did not wait for the REMOVE"
+    );
+    h.plan.release(ROp::Remove);
+    let (_, fh) = create.await.unwrap().unwrap();
     h.write(fh, 0, b"new").await;
     h.fs.release(fh).await.unwrap();
     assert_eq!(std::fs::read(h.disk("d/a")).unwrap(), b"new");
@@ -3909,7 +3935,6 @@ async fn unlink_behind_answers_early_and_keeps_order() {
     h.fs.unlink(d, os("b")).await.unwrap();
     h.fs.rmdir(ROOT, os("d")).await.unwrap();
     assert!(!h.disk("d").exists());
-    h.plan.set_op_delay(ROp::Remove, None);
 }
 
 /// A lookup or a listing the server answers must not predate an unlink already answered:

@@ -13,6 +13,8 @@
 //!   connection drops gets `Disconnected` (its reply is lost; it may have happened);
 //! * [`FaultPlan::set_short_reads`]: reads return at most K bytes;
 //! * [`FaultPlan::set_delay`] / [`FaultPlan::set_op_delay`]: each call waits first;
+//!   [`FaultPlan::hold`]: calls of one [`Op`] wait until [`FaultPlan::release`], for tests
+//!   that must know nothing got through meanwhile (no timing involved);
 //! * [`FaultPlan::set_queue_delay`]: queued writes are answered at once and land later (in
 //!   order), while the caller goes on, as over a link with latency;
 //! * handles from `open_alongside` (extra lanes of a striped write) are marked: their writes
@@ -24,7 +26,7 @@
 //! (lazily: on the next call, or [`FaultyRemote::reap_stale_handles`]), so a wrapped
 //! [`LocalRemote`](super::local::LocalRemote)'s open-handle count stays meaningful.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -129,6 +131,10 @@ struct PlanState {
     reply_delays: HashMap<Op, Duration>,
     /// Writes of these ops are answered at once and performed that much later.
     queue_delays: HashMap<Op, Duration>,
+    /// Calls of these ops wait (before anything else is decided) until released.
+    held: HashSet<Op>,
+    /// How many calls of each op wait at a hold.
+    waiting: HashMap<Op, usize>,
 }
 
 /// The faults a [`FaultyRemote`] injects. Shared (`Arc`) between the remote and the test, and
@@ -137,6 +143,8 @@ struct PlanState {
 pub struct FaultPlan {
     state: Mutex<PlanState>,
     calls: [AtomicU64; Op::ALL.len()],
+    /// Wakes the calls waiting at a hold when one is released.
+    released: tokio::sync::Notify,
 }
 
 impl Default for FaultPlan {
@@ -171,6 +179,7 @@ impl FaultPlan {
         FaultPlan {
             state: Mutex::new(PlanState::default()),
             calls: std::array::from_fn(|_| AtomicU64::new(0)),
+            released: tokio::sync::Notify::new(),
         }
     }
 
@@ -260,8 +269,8 @@ impl FaultPlan {
         self.lock().injections.remove(&op);
     }
 
-    /// Forget every pending injection, short-read limit and delay (not the connection state
-    /// nor the counts).
+    /// Forget every pending injection, short-read limit, delay and hold (not the connection
+    /// state nor the counts).
     pub fn clear_all(&self) {
         let mut s = self.lock();
         s.injections.clear();
@@ -270,6 +279,9 @@ impl FaultPlan {
         s.op_delays.clear();
         s.reply_delays.clear();
         s.queue_delays.clear();
+        s.held.clear();
+        drop(s);
+        self.released.notify_waiters();
     }
 
     /// Drop the connection: every call fails with [`RemoteError::Disconnected`] until
@@ -310,6 +322,44 @@ impl FaultPlan {
     /// takes precedence).
     pub fn set_delay(&self, delay: Option<Duration>) {
         self.lock().delay = delay;
+    }
+
+    /// Calls of `op` wait, counted but undecided, until [`FaultPlan::release`]`(op)`: a
+    /// server that has not yet answered, for as long as the test needs.
+    pub fn hold(&self, op: Op) {
+        self.lock().held.insert(op);
+    }
+
+    /// Let the calls of `op` held by [`FaultPlan::hold`] go on (and later ones through).
+    pub fn release(&self, op: Op) {
+        self.lock().held.remove(&op);
+        self.released.notify_waiters();
+    }
+
+    /// How many calls of `op` are waiting at a hold right now.
+    pub fn waiting_at_hold(&self, op: Op) -> usize {
+        self.lock().waiting.get(&op).copied().unwrap_or(0)
+    }
+
+    async fn pass_hold(&self, op: Op) {
+        loop {
+            let released = self.released.notified();
+            tokio::pin!(released);
+            // Registered before the check, so a release in between is not missed.
+            released.as_mut().enable();
+            {
+                let mut s = self.lock();
+                if !s.held.contains(&op) {
+                    return;
+                }
+                *s.waiting.entry(op).or_default() += 1;
+            }
+            released.await;
+            let mut s = self.lock();
+            if let Some(n) = s.waiting.get_mut(&op) {
+                *n -= 1;
+            }
+        }
     }
 
     /// Calls of `op` wait `delay` before going to the remote.
@@ -543,6 +593,7 @@ impl<R: Remote> FaultyRemote<R> {
     /// Everything before a call reaches the wrapped remote: count, reap, wait, decide.
     async fn enter(&self, op: Op, handle_generation: Option<u64>) -> RemoteResult<Ticket> {
         self.plan.count(op);
+        self.plan.pass_hold(op).await;
         self.reap_stale_handles().await;
         if let Some(delay) = self.plan.delay_for(op) {
             tokio::time::sleep(delay).await;
@@ -1085,11 +1136,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_in_flight_when_the_connection_drops_loses_its_reply() {
-        // The inner wrapper's delay stands for a server that is slow to answer.
+        // The inner wrapper's hold stands for a server that has the call and has not answered.
         let dir = tempfile::tempdir().unwrap();
         let slow = FaultyRemote::new(LocalRemote::new());
-        slow.plan()
-            .set_op_delay(Op::Mkdir, Some(Duration::from_millis(300)));
+        let server = Arc::clone(slow.plan());
+        server.hold(Op::Mkdir);
         let r = Arc::new(FaultyRemote::new(slow));
         let plan = Arc::clone(r.plan());
         let sub = dir.path().join("sub");
@@ -1097,9 +1148,10 @@ mod tests {
             let (r, sub) = (Arc::clone(&r), sub.clone());
             tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
         };
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        reaches_hold(&server, Op::Mkdir).await;
         plan.disconnect();
         plan.restore();
+        server.release(Op::Mkdir);
         assert!(matches!(
             call.await.unwrap(),
             Err(RemoteError::Disconnected(_))
@@ -1112,19 +1164,61 @@ mod tests {
     async fn a_call_still_waiting_to_be_sent_goes_on_the_new_connection() {
         let (dir, r, plan) = setup();
         let r = Arc::new(r);
-        plan.set_op_delay(Op::Mkdir, Some(Duration::from_millis(300)));
+        plan.hold(Op::Mkdir);
         let sub = dir.path().join("sub");
         let call = {
             let (r, sub) = (Arc::clone(&r), sub.clone());
             tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
         };
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        reaches_hold(&plan, Op::Mkdir).await;
         plan.disconnect();
         plan.restore();
+        plan.release(Op::Mkdir);
         // The call was not yet sent when the connection dropped; it goes on the new one, sent
         // after the restore, so it succeeds.
         call.await.unwrap().unwrap();
         assert!(sub.is_dir());
+    }
+
+    /// Wait until a call of `op` waits at `plan`'s hold.
+    async fn reaches_hold(plan: &FaultPlan, op: Op) {
+        for _ in 0..10_000 {
+            if plan.waiting_at_hold(op) > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        panic!("no call of {op:?} reached the hold");
+    }
+
+    #[tokio::test]
+    async fn held_calls_wait_until_released() {
+        let (dir, r, plan) = setup();
+        let r = Arc::new(r);
+        plan.hold(Op::Mkdir);
+        let spawn_mkdir = |name: &str| {
+            let (r, sub) = (Arc::clone(&r), dir.path().join(name));
+            tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
+        };
+        let (a, b) = (spawn_mkdir("a"), spawn_mkdir("b"));
+        while plan.waiting_at_hold(Op::Mkdir) < 2 {
+            tokio::task::yield_now().await;
+        }
+        // Other operations go through; the held ones have not reached the remote.
+        r.lstat(dir.path()).await.unwrap();
+        assert!(!dir.path().join("a").exists() && !dir.path().join("b").exists());
+        assert_eq!(plan.calls(Op::Mkdir), 2);
+        plan.release(Op::Mkdir);
+        a.await.unwrap().unwrap();
+        b.await.unwrap().unwrap();
+        assert_eq!(plan.waiting_at_hold(Op::Mkdir), 0);
+        // clear_all lets held calls go too.
+        plan.hold(Op::Mkdir);
+        let c = spawn_mkdir("c");
+        reaches_hold(&plan, Op::Mkdir).await;
+        plan.clear_all();
+        c.await.unwrap().unwrap();
+        assert!(dir.path().join("c").is_dir());
     }
 
     #[tokio::test]
@@ -1146,7 +1240,9 @@ mod tests {
     async fn delays_order_concurrent_calls() {
         let (dir, r, plan) = setup();
         let r = Arc::new(r);
-        plan.set_op_delay(Op::Lstat, Some(Duration::from_millis(200)));
+        // Long enough that no stall of this thread between the two spawns below can make
+        // the slow call land first.
+        plan.set_op_delay(Op::Lstat, Some(Duration::from_secs(1)));
         let order = Arc::new(Mutex::new(Vec::new()));
         let spawn = |op: Op| {
             let (r, order, path) = (Arc::clone(&r), Arc::clone(&order), dir.path().to_owned());
@@ -1165,7 +1261,7 @@ mod tests {
         let fast = spawn(Op::Stat);
         slow.await.unwrap();
         fast.await.unwrap();
-        assert!(start.elapsed() >= Duration::from_millis(200));
+        assert!(start.elapsed() >= Duration::from_secs(1));
         assert_eq!(*order.lock().unwrap(), [Op::Stat, Op::Lstat]);
 
         // A global delay applies to every call; a per-op one takes precedence.
