@@ -160,7 +160,7 @@ mod tests {
         })
         .join()
         .unwrap();
-        tokio::time::timeout(Duration::from_secs(5), done_rx)
+        tokio::time::timeout(Duration::from_secs(30), done_rx)
             .await
             .expect("a wake during the first poll was lost")
             .unwrap();
@@ -211,7 +211,7 @@ mod tests {
                 })
                 .collect();
             threads.into_iter().for_each(|t| t.join().unwrap());
-            tokio::time::timeout(Duration::from_secs(5), done_rx)
+            tokio::time::timeout(Duration::from_secs(30), done_rx)
                 .await
                 .expect("never finished")
                 .unwrap();

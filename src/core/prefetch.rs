@@ -139,6 +139,8 @@ struct State {
     dirs: LruCache<Ino, DirPattern>,
     /// When the last few files were opened for reading (oldest first).
     recent_opens: std::collections::VecDeque<Instant>,
+    /// [`READING_WINDOW`] (longer in tests, which must not depend on how fast they run).
+    reading_window: Duration,
     /// The order found in the directory planned last, for one that does not tell yet.
     last_order: ReadOrder,
 }
@@ -150,7 +152,8 @@ impl State {
     }
 
     fn reading_through(&self) -> bool {
-        self.recent_opens.len() >= READING_OPENS && self.recent_opens[0].elapsed() < READING_WINDOW
+        self.recent_opens.len() >= READING_OPENS
+            && self.recent_opens[0].elapsed() < self.reading_window
     }
 }
 
@@ -160,6 +163,12 @@ pub struct SmallFileAhead {
 
 impl Default for SmallFileAhead {
     fn default() -> Self {
+        Self::with_reading_window(READING_WINDOW)
+    }
+}
+
+impl SmallFileAhead {
+    fn with_reading_window(reading_window: Duration) -> Self {
         let cap = |n: usize| NonZeroUsize::new(n).expect("non-zero constant");
         SmallFileAhead {
             state: Mutex::new(State {
@@ -167,6 +176,7 @@ impl Default for SmallFileAhead {
                 bytes: 0,
                 dirs: LruCache::new(cap(MAX_DIRS)),
                 recent_opens: std::collections::VecDeque::with_capacity(READING_OPENS + 1),
+                reading_window,
                 last_order: ReadOrder::Listing,
             }),
         }
@@ -379,7 +389,8 @@ mod tests {
 
     #[test]
     fn opens_in_quick_succession_anywhere_make_a_first_open_or_a_listing_enough() {
-        let ahead = SmallFileAhead::default();
+        // "Quick" is an hour here: a stalled test thread must not make the opens look apart.
+        let ahead = SmallFileAhead::with_reading_window(Duration::from_secs(3600));
         assert!(!ahead.listing(), "nothing read yet");
         assert!(!ahead.opened(1, OsStr::new("a")).1);
         assert!(!ahead.opened(2, OsStr::new("b")).1);

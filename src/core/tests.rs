@@ -98,7 +98,8 @@ impl Harness {
     /// Server handles still open (what sftp-server's handle table would hold), once the
     /// closes that `release` sends in the background have had time to arrive.
     async fn open_handles(&self) -> usize {
-        for _ in 0..200 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
             if self.fs.remote().inner().open_handles() == 0 {
                 return 0;
             }
@@ -712,14 +713,9 @@ async fn cache_changes_through_the_core_are_visible_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_getattr_within_ttl_stays_local_and_after_ttl_asks() {
-    let ttl = Duration::from_millis(400);
-    let h = Harness::with(
-        config(CacheConfig {
-            attr_ttl: ttl,
-            ..long_ttls()
-        }),
-        None,
-    );
+    // Long TTLs, run out on demand (`expire_cache`): no stall can end them early. The TTLs
+    // themselves are waited out in the FUSE test `server_changes_show_after_the_ttl`.
+    let h = Harness::with(config(long_ttls()), None);
     std::fs::write(h.disk("f"), b"12345").unwrap();
     let f = h.lookup(ROOT, "f").await;
     let before = h.plan.calls(ROp::Lstat);
@@ -734,7 +730,7 @@ async fn cache_getattr_within_ttl_stays_local_and_after_ttl_asks() {
     std::fs::write(h.disk("f"), b"1234567890").unwrap();
     assert_eq!(h.size(f, None).await, 5);
     // ... and is after it.
-    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    h.fs.expire_cache();
     assert_eq!(
         h.size(f, None).await,
         10,
@@ -755,14 +751,7 @@ async fn cache_getattr_within_ttl_stays_local_and_after_ttl_asks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_negative_lookups() {
-    let ttl = Duration::from_millis(400);
-    let h = Harness::with(
-        config(CacheConfig {
-            negative_ttl: ttl,
-            ..long_ttls()
-        }),
-        None,
-    );
+    let h = Harness::with(config(long_ttls()), None);
     assert_errno(h.fs.lookup(ROOT, os("ghost")).await, libc::ENOENT, "first");
     let asked = h.plan.calls(ROp::Lstat);
     assert_errno(h.fs.lookup(ROOT, os("ghost")).await, libc::ENOENT, "second");
@@ -774,7 +763,7 @@ async fn cache_negative_lookups() {
         libc::ENOENT,
         "within TTL",
     );
-    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    h.fs.expire_cache();
     let e = h.fs.lookup(ROOT, os("ghost")).await.unwrap();
     assert_eq!(e.attr.size, 3, "server-side create after the negative TTL");
     // Through the core a negative entry is dropped at once.
@@ -814,14 +803,7 @@ async fn cache_negative_lookups() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_listing_answers_lookups_then_expires() {
-    let ttl = Duration::from_millis(400);
-    let h = Harness::with(
-        config(CacheConfig {
-            dir_ttl: ttl,
-            ..long_ttls()
-        }),
-        None,
-    );
+    let h = Harness::with(config(long_ttls()), None);
     for i in 0..20 {
         std::fs::write(h.disk(format!("f{i}")), vec![b'x'; i]).unwrap();
     }
@@ -847,7 +829,7 @@ async fn cache_listing_answers_lookups_then_expires() {
     // Server-side delete and create show after the listing expires.
     std::fs::remove_file(h.disk("f3")).unwrap();
     std::fs::write(h.disk("absent"), b"").unwrap();
-    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    h.fs.expire_cache();
     assert_errno(
         h.fs.lookup(ROOT, os("f3")).await,
         libc::ENOENT,
@@ -2073,7 +2055,8 @@ async fn readdirplus_entries_and_forget_bookkeeping() {
 
 /// Wait (bounded) until `cond` holds; background work (prefetches) is not awaited by anyone.
 async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    for _ in 0..500 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         if cond() {
             return;
         }
@@ -3308,7 +3291,8 @@ async fn cat(h: &Harness, ino: Ino) -> Vec<u8> {
 
 /// Wait until the server has seen `n` OPENs (fetches ahead run in the background).
 async fn wait_for_opens(h: &Harness, n: u64) {
-    for _ in 0..500 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         if h.plan.calls(ROp::Open) >= n && h.open_handles().await == 0 {
             return;
         }
@@ -3445,7 +3429,12 @@ async fn ahead_failed_fetches_and_ttl_zero() {
         libc::EACCES,
         "refused open",
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The fetches planned by these opens have all failed (each gives its bytes back then):
+    // none can go through once the OPENs are let through again.
+    eventually("the fetches ahead failed", || {
+        h.fs.small_files.bytes_waiting() == 0
+    })
+    .await;
     h.plan.clear_all();
     for (i, ino) in inos.iter().enumerate().skip(1) {
         assert_eq!(cat(&h, *ino).await, pattern(100 + i), "f{i}");
@@ -4102,12 +4091,9 @@ async fn behind_held_attribute_changes_keep_program_order() {
 
     // Nothing follows: it is sent anyway, without a flush.
     h.fs.setattr(ino, Some(fh), chmod(0o640)).await.unwrap();
-    for _ in 0..100 {
-        if h.meta("f").mode() & 0o7777 == 0o640 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(h.meta("f").mode() & 0o7777, 0o640, "held change never sent");
+    eventually("the held change is sent", || {
+        h.meta("f").mode() & 0o7777 == 0o640
+    })
+    .await;
     h.fs.release(fh).await.unwrap();
 }

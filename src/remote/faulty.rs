@@ -1237,39 +1237,39 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn delays_order_concurrent_calls() {
+    async fn delays_hold_back_their_op_only() {
         let (dir, r, plan) = setup();
         let r = Arc::new(r);
-        // Long enough that no stall of this thread between the two spawns below can make
-        // the slow call land first.
-        plan.set_op_delay(Op::Lstat, Some(Duration::from_secs(1)));
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let spawn = |op: Op| {
-            let (r, order, path) = (Arc::clone(&r), Arc::clone(&order), dir.path().to_owned());
-            tokio::spawn(async move {
-                match op {
-                    Op::Lstat => r.lstat(&path).await.map(drop),
-                    _ => r.stat(&path).await.map(drop),
-                }
-                .unwrap();
-                order.lock().unwrap().push(op);
-            })
+        // An hour: the delayed call cannot be done while the others below are, however slowly
+        // this test runs.
+        plan.set_op_delay(Op::Lstat, Some(Duration::from_secs(3600)));
+        let slow = {
+            let (r, path) = (Arc::clone(&r), dir.path().to_owned());
+            tokio::spawn(async move { r.lstat(&path).await.map(drop) })
         };
-        let start = Instant::now();
-        let slow = spawn(Op::Lstat);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        let fast = spawn(Op::Stat);
-        slow.await.unwrap();
-        fast.await.unwrap();
-        assert!(start.elapsed() >= Duration::from_secs(1));
-        assert_eq!(*order.lock().unwrap(), [Op::Stat, Op::Lstat]);
+        tokio::task::yield_now().await;
+        // Calls of other ops go through meanwhile.
+        r.stat(dir.path()).await.unwrap();
+        r.realpath(dir.path()).await.unwrap();
+        assert!(!slow.is_finished(), "the delayed call was not delayed");
+        assert_eq!(plan.calls(Op::Lstat), 1);
+        slow.abort();
 
-        // A global delay applies to every call; a per-op one takes precedence.
+        // A delay makes a call take at least that long; a global delay applies to every op,
+        // and a per-op one takes precedence.
+        plan.set_op_delay(Op::Lstat, Some(Duration::from_millis(100)));
+        let start = Instant::now();
+        r.lstat(dir.path()).await.unwrap();
+        assert!(start.elapsed() >= Duration::from_millis(100));
         plan.set_op_delay(Op::Lstat, None);
         plan.set_delay(Some(Duration::from_millis(50)));
         let start = Instant::now();
         r.realpath(dir.path()).await.unwrap();
         assert!(start.elapsed() >= Duration::from_millis(50));
+        // With an hour-long global delay, an op given a delay of its own (zero) goes through.
+        plan.set_delay(Some(Duration::from_secs(3600)));
+        plan.set_op_delay(Op::Lstat, Some(Duration::ZERO));
+        r.lstat(dir.path()).await.unwrap();
         plan.set_delay(None);
     }
 
