@@ -3942,11 +3942,23 @@ async fn unlink_behind_then_server_lookups_wait_for_it() {
     std::fs::write(h.disk("g"), b"x").unwrap();
     h.lookup(ROOT, "f").await;
     h.lookup(ROOT, "g").await;
-    h.plan
-        .set_op_delay(ROp::Remove, Some(Duration::from_millis(500)));
+    h.plan.hold(ROp::Remove);
     h.fs.unlink(ROOT, os("f")).await.unwrap();
     assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
-    assert_errno(h.fs.lookup(ROOT, os("f")).await, libc::ENOENT, "lookup");
+    // The lookup waits while the REMOVE is held (had it not, it would be answered by now,
+    // from the server, which still has the file).
+    let fs = h.fs.clone();
+    let mut lookup = tokio::spawn(async move { fs.lookup(ROOT, os("f")).await });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(200), &mut lookup)
+            .await
+            .is_err(),
+        "the lookup did not wait for the REMOVE"
+    );
+    h.plan.release(ROp::Remove);
+    assert_errno(lookup.await.unwrap(), libc::ENOENT, "lookup");
+    h.plan
+        .set_op_delay(ROp::Remove, Some(Duration::from_millis(100)));
     h.fs.unlink(ROOT, os("g")).await.unwrap();
     assert_eq!(readdir_names(&h, ROOT).await, [".", ".."]);
     h.plan.set_op_delay(ROp::Remove, None);
