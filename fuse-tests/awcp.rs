@@ -650,8 +650,10 @@ fn lease_expiry_turns_read_only_and_ends_with_expired() {
     let c = Client::new(serve.url());
     let d = delegation(&sshd, "dlg_lease");
     let prompt = "cd workspace; echo before > a.txt; while echo x >> b.txt; do sleep 0.2; done; echo WRITES-REFUSED; sleep 300";
-    let (_, events) = delegate(&c, &sshd, &d, "rw", 6, prompt, serve.base.path());
-    let evs = events.until_end(Duration::from_secs(40));
+    // A lease long enough for the mount and the task's first write even when setting them up
+    // stalls for seconds; the end comes after it plus the grace period (2 s).
+    let (_, events) = delegate(&c, &sshd, &d, "rw", 20, prompt, serve.base.path());
+    let evs = events.until_end(Duration::from_secs(60));
     let e = terminal(&evs);
     assert_eq!(e["code"], "EXPIRED", "{evs:?}\n{}", serve.log());
     let msg = e["message"].as_str().unwrap();

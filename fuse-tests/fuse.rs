@@ -27,9 +27,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::mount::{
-    base_args, fstypes_at, is_awcp_mounted, is_mounted, opt_path, os, pid_alive, poll_until,
-    run_with_deadline, standard_args, status_counter, try_run_with_deadline, Launch, MountFailure,
-    TestMount, BIN, NO_CACHE,
+    base_args, fstypes_at, is_awcp_mounted, is_mounted, mount_status, opt_path, os, pid_alive,
+    poll_until, run_with_deadline, standard_args, status_counter, try_run_with_deadline, Launch,
+    MountFailure, TestMount, BIN, NO_CACHE,
 };
 use common::sshd::TestSshd;
 use nix::sys::signal::Signal;
@@ -2425,8 +2425,25 @@ fn reconnect_across_a_server_restart() {
     // An operation issued while the server is down waits for it to come back.
     let p = m.p("f");
     let waiting = std::thread::spawn(move || fs::read(p));
-    // The outage itself (what is being tested), not a wait for a state.
-    std::thread::sleep(Duration::from_millis(500));
+    // The outage itself (what is being tested): the server stays down until the mount has
+    // noticed the loss and a reconnect attempt has failed against it (`attempt` counts from
+    // 1, and attempt 2 starts after the first failed).
+    let connection = || {
+        mount_status(&m.mnt)["connection"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let retried = |c: &str| {
+        c.strip_prefix("Reconnecting { attempt: ")
+            .and_then(|rest| rest.split(',').next()?.parse::<u32>().ok())
+            .is_some_and(|attempt| attempt >= 2)
+    };
+    assert!(
+        poll_until(Duration::from_secs(30), || retried(&connection())),
+        "the mount did not retry while the server was down: {}",
+        connection()
+    );
     sshd.restart();
     let got = waiting.join().unwrap();
     assert_eq!(
@@ -2580,6 +2597,17 @@ fn server_write_errors_reach_the_application() {
         // Space again after removing it.
         fs::remove_file(m.p("too-big")).unwrap();
     }
+    // ...once the server has closed it: its CLOSE follows the kernel's RELEASE, which comes
+    // asynchronously after close(2). Until then the unlinked file keeps the space.
+    let free = || {
+        let v = nix::sys::statvfs::statvfs(&small.path).unwrap();
+        v.blocks_available() * v.fragment_size()
+    };
+    assert!(
+        poll_until(Duration::from_secs(30), || free() >= 256 << 10),
+        "the removed files' space was not freed on the server: {} bytes free",
+        free()
+    );
     let (r, _) = write_and_close(&m.p("fits"), b"fits", true);
     r.unwrap();
     assert_eq!(fs::read(small.path.join("fits")).unwrap(), b"fits");

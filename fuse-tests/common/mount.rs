@@ -39,6 +39,10 @@ pub const NO_CACHE: &str = "attr_timeout=0,entry_timeout=0,negative_timeout=0,dc
 const MOUNT_DEADLINE: Duration = Duration::from_secs(30);
 /// How long the mount process may take to exit after an unmount.
 const EXIT_DEADLINE: Duration = Duration::from_secs(15);
+/// How long a daemon-mode mount's pipes may stay open after the command has exited.
+const PIPE_EOF_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a mount process that failed may take to exit.
+const FAILED_EXIT_DEADLINE: Duration = Duration::from_secs(30);
 
 // ------------------------------------------------------------------ mountinfo
 
@@ -512,9 +516,10 @@ impl TestMount {
         if pipes {
             // The caller has its exit status; its pipes must be at EOF too (a daemon that
             // kept them would hang every caller that waits for EOF, as subprocess.run does).
+            // Only a hang guard: EOF is there at once when they are closed.
             let mut stderr = Vec::new();
             for _ in 0..2 {
-                match eof_rx.recv_timeout(Duration::from_secs(5)) {
+                match eof_rx.recv_timeout(PIPE_EOF_DEADLINE) {
                     Ok((is_err, bytes)) if is_err => stderr = bytes,
                     Ok(_) => {}
                     Err(_) => {
@@ -538,11 +543,11 @@ impl TestMount {
     }
 
     /// Describe a failed mount. Gives a failing daemon a moment to finish exiting (it reports
-    /// its error to the waiting parent just before it exits).
+    /// its error to the waiting parent just before it exits): a hang guard, over as soon as it
+    /// has. A `-f` child we keep is not waited for (it is not reported as left).
     fn failure(&mut self, status: Option<ExitStatus>, note: String) -> MountFailure {
-        let process_left = !poll_until(Duration::from_secs(5), || {
-            self.same_cmdline_new().is_empty()
-        });
+        let process_left = self.child.is_none()
+            && !poll_until(FAILED_EXIT_DEADLINE, || self.same_cmdline_new().is_empty());
         let mut stderr = self.stderr();
         if !note.is_empty() {
             stderr = format!("{note}: {stderr}");
@@ -551,7 +556,7 @@ impl TestMount {
             status,
             stderr,
             left_mounted: is_mounted(&self.mnt),
-            process_left: process_left && self.child.is_none(),
+            process_left,
         }
     }
 
