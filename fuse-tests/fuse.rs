@@ -1122,12 +1122,14 @@ fn open_then_unlink_keeps_the_descriptor_working() {
     f.write_all(b"before unlink").unwrap();
     fs::remove_file(m.p("tmpfile")).unwrap();
 
-    // The name is gone, on both sides.
+    // The name is gone, on both sides (on the server once the unlink is there: fsync of the
+    // directory waits for an unlink answered early).
     assert_errno(
         fs::metadata(m.p("tmpfile")),
         libc::ENOENT,
         "stat of the unlinked name",
     );
+    sync_dir(&m.mnt);
     assert!(!m.e("tmpfile").exists());
     assert!(names(&m.mnt).is_empty(), "listing: {:?}", names(&m.mnt));
     assert!(
@@ -1562,6 +1564,9 @@ fn hard_links_and_symlinks() {
     assert_eq!(fs::read(m.p("alias")).unwrap(), b"TWO, longer");
     fs::remove_file(m.p("orig")).unwrap();
     assert_eq!(fs::read(m.p("alias")).unwrap(), b"TWO, longer");
+    // The unlink was answered before the server had it (SEMANTICS.md, unlinks answered
+    // early); fsync of the directory waits for it.
+    sync_dir(&m.mnt);
     assert_eq!(fs::metadata(m.e("alias")).unwrap().nlink(), 1);
 
     // Symlinks with relative targets inside the mount.
