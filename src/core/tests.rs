@@ -1150,6 +1150,14 @@ async fn wait_at_hold(h: &Harness, op: ROp, n: usize) {
     panic!("{n} calls of {op:?} never reached the hold");
 }
 
+/// Whether a spawned call is still waiting 200 ms on: it must be when what it waits for is
+/// held. (Only a call that wrongly did not wait can make this false, so no stall can.)
+async fn still_waiting<T>(task: &mut tokio::task::JoinHandle<T>) -> bool {
+    tokio::time::timeout(Duration::from_millis(200), task)
+        .await
+        .is_err()
+}
+
 /// Poll a future once, as the FUSE adapter does on the FUSE thread: whether it is answered
 /// there, without waiting for another task.
 fn answered_at_once<T>(
@@ -3909,9 +3917,7 @@ async fn unlink_behind_answers_early_and_keeps_order() {
             .await
     });
     assert!(
-        tokio::time::timeout(Duration::from_millis(200), &mut create)
-            .await
-            .is_err(),
+        still_waiting(&mut create).await,
         "the create did not wait for the REMOVE"
     );
     h.plan.release(ROp::Remove);
@@ -3950,9 +3956,7 @@ async fn unlink_behind_then_server_lookups_wait_for_it() {
     let fs = h.fs.clone();
     let mut lookup = tokio::spawn(async move { fs.lookup(ROOT, os("f")).await });
     assert!(
-        tokio::time::timeout(Duration::from_millis(200), &mut lookup)
-            .await
-            .is_err(),
+        still_waiting(&mut lookup).await,
         "the lookup did not wait for the REMOVE"
     );
     h.plan.release(ROp::Remove);
