@@ -364,13 +364,13 @@ impl<R: Remote> Fs<R> {
         self.config.lock().unwrap().cache
     }
 
-    /// New cache lifetimes and bounds (live policy reload).
     /// Every cached attribute, negative entry, listing and link target runs out now (tests).
     #[cfg(test)]
     pub(crate) fn expire_cache(&self) {
         self.cache.lock().unwrap().expire_all();
     }
 
+    /// New cache lifetimes and bounds (live policy reload).
     pub fn set_cache_config(&self, cache: CacheConfig) {
         self.config.lock().unwrap().cache = cache;
         self.cache.lock().unwrap().reconfigure(cache);

@@ -903,7 +903,7 @@ async fn cache_lookup_racing_a_write_does_not_poison_the_attr_cache() {
     let (f, fh) = h.create(ROOT, "f").await;
     h.plan.hold(ROp::Write);
     let write = tokio::spawn(h.fs.write(fh, 0, &[b'x'; 100]));
-    wait_at_hold(&h, ROp::Write, 1).await;
+    h.plan.until_held(ROp::Write, 1).await;
     // Another process stats the file by name while the write is on its way.
     h.fs.lookup(ROOT, os("f")).await.unwrap();
     h.plan.release(ROp::Write);
@@ -1137,17 +1137,6 @@ async fn wb_getattr_during_in_flight_writes_shows_the_written_size() {
     h.plan.clear_all();
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.meta("f").len(), 160);
-}
-
-/// Wait until `n` calls of `op` are waiting at the plan's hold (they reached the remote).
-async fn wait_at_hold(h: &Harness, op: ROp, n: usize) {
-    for _ in 0..10_000 {
-        if h.plan.waiting_at_hold(op) >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!("{n} calls of {op:?} never reached the hold");
 }
 
 /// Whether a spawned call is still waiting 200 ms on: it must be when what it waits for is
@@ -1665,7 +1654,7 @@ async fn reconnect_write_queued_across_a_reconnect_lands() {
     let (_, fh) = h.create(ROOT, "f").await;
     h.plan.hold(ROp::Write);
     let w = tokio::spawn(h.fs.write(fh, 0, b"data"));
-    wait_at_hold(&h, ROp::Write, 1).await;
+    h.plan.until_held(ROp::Write, 1).await;
     h.plan.disconnect();
     h.plan.restore();
     h.plan.release(ROp::Write);

@@ -341,6 +341,19 @@ impl FaultPlan {
         self.lock().waiting.get(&op).copied().unwrap_or(0)
     }
 
+    /// Wait until `n` calls of `op` wait at its hold (they have reached the remote's door);
+    /// panics after 30 s, a hang guard.
+    pub async fn until_held(&self, op: Op, n: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while self.waiting_at_hold(op) < n {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} calls of {op:?} never reached the hold"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
     async fn pass_hold(&self, op: Op) {
         loop {
             let released = self.released.notified();
@@ -1148,7 +1161,7 @@ mod tests {
             let (r, sub) = (Arc::clone(&r), sub.clone());
             tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
         };
-        reaches_hold(&server, Op::Mkdir).await;
+        server.until_held(Op::Mkdir, 1).await;
         plan.disconnect();
         plan.restore();
         server.release(Op::Mkdir);
@@ -1170,7 +1183,7 @@ mod tests {
             let (r, sub) = (Arc::clone(&r), sub.clone());
             tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
         };
-        reaches_hold(&plan, Op::Mkdir).await;
+        plan.until_held(Op::Mkdir, 1).await;
         plan.disconnect();
         plan.restore();
         plan.release(Op::Mkdir);
@@ -1178,17 +1191,6 @@ mod tests {
         // after the restore, so it succeeds.
         call.await.unwrap().unwrap();
         assert!(sub.is_dir());
-    }
-
-    /// Wait until a call of `op` waits at `plan`'s hold.
-    async fn reaches_hold(plan: &FaultPlan, op: Op) {
-        for _ in 0..10_000 {
-            if plan.waiting_at_hold(op) > 0 {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-        panic!("no call of {op:?} reached the hold");
     }
 
     #[tokio::test]
@@ -1201,9 +1203,7 @@ mod tests {
             tokio::spawn(async move { r.mkdir(&sub, 0o755).await })
         };
         let (a, b) = (spawn_mkdir("a"), spawn_mkdir("b"));
-        while plan.waiting_at_hold(Op::Mkdir) < 2 {
-            tokio::task::yield_now().await;
-        }
+        plan.until_held(Op::Mkdir, 2).await;
         // Other operations go through; the held ones have not reached the remote.
         r.lstat(dir.path()).await.unwrap();
         assert!(!dir.path().join("a").exists() && !dir.path().join("b").exists());
@@ -1215,7 +1215,7 @@ mod tests {
         // clear_all lets held calls go too.
         plan.hold(Op::Mkdir);
         let c = spawn_mkdir("c");
-        reaches_hold(&plan, Op::Mkdir).await;
+        plan.until_held(Op::Mkdir, 1).await;
         plan.clear_all();
         c.await.unwrap().unwrap();
         assert!(dir.path().join("c").is_dir());
