@@ -7,8 +7,9 @@
 //!
 //! Bounds: russh's own send queue is unbounded, so every request first takes a slot from a
 //! per-channel semaphore of [`MAX_REQUESTS_IN_FLIGHT`] and as many permits from a byte semaphore
-//! as it moves payload ([`MAX_BYTES_IN_FLIGHT`]). Permits are released when the reply arrives
-//! (not when the caller gives up), so the bound holds even for cancelled requests.
+//! as it moves payload ([`MAX_BYTES_IN_FLIGHT`]; WRITE data counts more when the link is short,
+//! see [`pacing`]). Permits are released when the reply arrives (not when the caller gives up),
+//! so the bound holds even for cancelled requests.
 //!
 //! When the channel or the connection dies, every pending request completes with
 //! [`RemoteError::Disconnected`] and later requests fail fast the same way. There is no
@@ -19,6 +20,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use russh::client::Msg;
@@ -27,6 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, trace};
 
 use super::codec::{self, OutPacket, Request, Response, Version};
+use super::pacing::{self, MinRtt};
 use crate::remote::{RemoteError, RemoteResult};
 
 /// Requests one channel may have outstanding. OpenSSH's sftp-server reads requests as they
@@ -71,6 +74,8 @@ impl DeathSignal {
 
 struct Pending {
     tx: oneshot::Sender<RemoteResult<Response>>,
+    /// When the request was queued, for the channel's reply times ([`pacing::MinRtt`]).
+    sent: Instant,
     /// Held until the reply arrives.
     _permits: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
 }
@@ -85,6 +90,8 @@ struct Shared {
     next_id: AtomicU32,
     req_sem: Arc<Semaphore>,
     byte_sem: Arc<Semaphore>,
+    /// Recent minimum reply time, which sizes the write budget ([`pacing`]).
+    min_rtt: MinRtt,
     death: DeathSignal,
 }
 
@@ -202,6 +209,7 @@ impl SftpChannel {
 
         // INIT / VERSION, before the reader task exists (VERSION carries no request id).
         let init = codec::encode_init();
+        let init_sent = Instant::now();
         ch.data_bytes(init.head)
             .await
             .map_err(|e| StartError::Ssh(format!("sending SFTP INIT failed: {e}")))?;
@@ -245,6 +253,10 @@ impl SftpChannel {
             "SFTP session started"
         );
 
+        // The INIT round trip is the first reply time (an upper bound: it includes starting
+        // the session); the first replies to requests bring it down.
+        let min_rtt = MinRtt::default();
+        min_rtt.sample(Instant::now(), init_sent.elapsed());
         let (read, write) = ch.split();
         let (dead_tx, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -255,6 +267,7 @@ impl SftpChannel {
             next_id: AtomicU32::new(1),
             req_sem: Arc::new(Semaphore::new(MAX_REQUESTS_IN_FLIGHT)),
             byte_sem: Arc::new(Semaphore::new(MAX_BYTES_IN_FLIGHT)),
+            min_rtt,
             death,
         });
         let (wtx, wrx) = mpsc::unbounded_channel();
@@ -299,7 +312,7 @@ impl SftpChannel {
             .acquire_owned()
             .await
             .map_err(|_| self.disconnected())?;
-        let cost = req.data_cost().min(MAX_BYTES_IN_FLIGHT) as u32;
+        let cost = request_cost(req, self.shared.min_rtt.get()) as u32;
         let byte_permit = self
             .shared
             .byte_sem
@@ -326,6 +339,7 @@ impl SftpChannel {
                 id,
                 Pending {
                     tx,
+                    sent: Instant::now(),
                     _permits: Some((req_permit, byte_permit)),
                 },
             );
@@ -340,6 +354,19 @@ impl SftpChannel {
             rx,
             shared: self.shared.clone(),
         })
+    }
+}
+
+/// Permits of the byte semaphore `req` takes on a channel whose recent minimum reply time is
+/// `min_rtt`: its payload, WRITE data paced (see [`pacing`] for why it must not pile up at
+/// the server).
+fn request_cost(req: &Request<'_>, min_rtt: Option<std::time::Duration>) -> usize {
+    match req {
+        Request::Write { data, .. } => {
+            let budget = pacing::write_budget(min_rtt, MAX_BYTES_IN_FLIGHT);
+            pacing::write_cost(data.len(), budget, MAX_BYTES_IN_FLIGHT)
+        }
+        _ => req.data_cost().min(MAX_BYTES_IN_FLIGHT),
     }
 }
 
@@ -460,6 +487,9 @@ fn dispatch(
         );
         return Ok(());
     };
+    shared
+        .min_rtt
+        .sample(Instant::now(), pending.sent.elapsed());
     trace!(channel = shared.index, id, "reply");
     if let Err(Ok(Response::Handle(handle))) = pending.tx.send(result) {
         // The caller gave up on an OPEN/OPENDIR: do not leak the server's handle.
@@ -476,7 +506,14 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
     let Some(map) = guard.as_mut() else { return };
     let id = shared.alloc_id(map);
     let (tx, _rx) = oneshot::channel();
-    map.insert(id, Pending { tx, _permits: None });
+    map.insert(
+        id,
+        Pending {
+            tx,
+            sent: Instant::now(),
+            _permits: None,
+        },
+    );
     drop(guard);
     debug!(
         channel = shared.index,
@@ -486,4 +523,36 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
         id,
         &Request::Close { handle: &handle },
     ));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn writes_are_paced_on_a_short_link_and_reads_never() {
+        let data = Bytes::from(vec![0u8; 255 * 1024]);
+        let write = Request::Write {
+            handle: b"h",
+            offset: 0,
+            data: data.clone(),
+        };
+        let read = Request::Read {
+            handle: b"h",
+            offset: 0,
+            len: 255 * 1024,
+        };
+        let loopback = Some(Duration::from_micros(100));
+        let long = Some(Duration::from_millis(20));
+        // Loopback: the write budget is the floor, so four 255 KiB WRITEs fill the channel.
+        let w = request_cost(&write, loopback);
+        assert_eq!(MAX_BYTES_IN_FLIGHT / w, 4, "cost {w}");
+        // A long link: bytes are bytes, as for reads at any round trip.
+        assert_eq!(request_cost(&write, long), data.len());
+        assert_eq!(request_cost(&read, loopback), 255 * 1024);
+        assert_eq!(request_cost(&read, long), 255 * 1024);
+        // Metadata moves no payload.
+        assert_eq!(request_cost(&Request::Close { handle: b"h" }, loopback), 0);
+    }
 }

@@ -20,6 +20,7 @@ pub mod codec;
 mod config;
 mod connect;
 mod known_hosts;
+mod pacing;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
