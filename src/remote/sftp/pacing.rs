@@ -7,9 +7,9 @@
 //! copy of the megabyte and page faults on new memory: its CPU per byte grows with the backlog,
 //! and on loopback sshd is what limits a sequential write. With the channel's whole 8 MiB byte
 //! bound open to writes (4 lanes x sshd's 2 MiB window queued), sshd's connection process took
-//! 0.46-0.50 s CPU and ~75,000 minor faults per 256 MiB written; with 1 MiB per channel,
-//! 0.27-0.28 s and ~11,000, and the write took 0.52-0.57 s instead of 0.69-0.75 s
-//! (docs/PERFORMANCE.md, "Pacing writes").
+//! 0.46-0.52 s CPU and 72,000-81,000 minor faults per 256 MiB written; with 1 MiB per channel,
+//! 0.27-0.33 s and 10,000-12,000, and a 256 MiB `dd conv=fsync` on loopback took 0.51-0.67 s
+//! instead of 0.69-0.75 s (docs/PERFORMANCE.md, "Sequential writes").
 //!
 //! **How much.** On a long link the data in flight is mostly on the wire, not queued at the
 //! server, and it must cover the bandwidth-delay product. So the budget follows the round
@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 
 /// Smallest write budget per channel: four 255 KiB WRITEs, enough to keep one sftp-server
 /// busy on loopback. Measured with 256 MiB `dd conv=fsync`, 4 lanes: 768 KiB 0.62-0.67 s,
-/// 1 MiB 0.51-0.57 s, 2 MiB (the same as no budget: sshd's window) 0.64-0.78 s.
+/// 1 MiB 0.51-0.57 s (one run 0.75 s), 2 MiB (the same as no budget: sshd's window)
+/// 0.64-0.93 s.
 pub const MIN_WRITE_BUDGET: usize = 1024 * 1024;
 
 /// Throughput one channel's budget is sized for: budget = min reply time x this. 1 GiB/s is
