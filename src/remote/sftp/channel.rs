@@ -256,7 +256,8 @@ impl SftpChannel {
         // The INIT round trip is the first reply time (an upper bound: it includes starting
         // the session); the first replies to requests bring it down.
         let min_rtt = MinRtt::default();
-        min_rtt.sample(Instant::now(), init_sent.elapsed());
+        let now = Instant::now();
+        min_rtt.sample(now, now.saturating_duration_since(init_sent));
         let (read, write) = ch.split();
         let (dead_tx, _) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -487,9 +488,10 @@ fn dispatch(
         );
         return Ok(());
     };
+    let now = Instant::now();
     shared
         .min_rtt
-        .sample(Instant::now(), pending.sent.elapsed());
+        .sample(now, now.saturating_duration_since(pending.sent));
     trace!(channel = shared.index, id, "reply");
     if let Err(Ok(Response::Handle(handle))) = pending.tx.send(result) {
         // The caller gave up on an OPEN/OPENDIR: do not leak the server's handle.
