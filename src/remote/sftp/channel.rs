@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use russh::client::Msg;
@@ -313,7 +313,7 @@ impl SftpChannel {
             .acquire_owned()
             .await
             .map_err(|_| self.disconnected())?;
-        let cost = request_cost(req, self.shared.min_rtt.get()) as u32;
+        let cost = request_cost(req, || self.shared.min_rtt.get()) as u32;
         let byte_permit = self
             .shared
             .byte_sem
@@ -358,13 +358,13 @@ impl SftpChannel {
     }
 }
 
-/// Permits of the byte semaphore `req` takes on a channel whose recent minimum reply time is
-/// `min_rtt`: its payload, WRITE data paced (see [`pacing`] for why it must not pile up at
-/// the server).
-fn request_cost(req: &Request<'_>, min_rtt: Option<std::time::Duration>) -> usize {
+/// Permits of the byte semaphore `req` takes on a channel whose recent minimum reply time
+/// `min_rtt` gives: its payload, WRITE data paced (see [`pacing`] for why it must not pile up
+/// at the server). Only a WRITE asks for the reply time (it takes a lock).
+fn request_cost(req: &Request<'_>, min_rtt: impl FnOnce() -> Option<Duration>) -> usize {
     match req {
         Request::Write { data, .. } => {
-            let budget = pacing::write_budget(min_rtt, MAX_BYTES_IN_FLIGHT);
+            let budget = pacing::write_budget(min_rtt(), MAX_BYTES_IN_FLIGHT);
             pacing::write_cost(data.len(), budget, MAX_BYTES_IN_FLIGHT)
         }
         _ => req.data_cost().min(MAX_BYTES_IN_FLIGHT),
@@ -530,7 +530,6 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn writes_are_paced_on_a_short_link_and_reads_never() {
@@ -545,16 +544,17 @@ mod tests {
             offset: 0,
             len: 255 * 1024,
         };
-        let loopback = Some(Duration::from_micros(100));
-        let long = Some(Duration::from_millis(20));
+        let loopback = || Some(Duration::from_micros(100));
+        let long = || Some(Duration::from_millis(20));
+        let never = || -> Option<Duration> { panic!("the reply time was asked for") };
         // Loopback: the write budget is the floor, so four 255 KiB WRITEs fill the channel.
         let w = request_cost(&write, loopback);
         assert_eq!(MAX_BYTES_IN_FLIGHT / w, 4, "cost {w}");
-        // A long link: bytes are bytes, as for reads at any round trip.
+        // A long link: bytes are bytes.
         assert_eq!(request_cost(&write, long), data.len());
-        assert_eq!(request_cost(&read, loopback), 255 * 1024);
-        assert_eq!(request_cost(&read, long), 255 * 1024);
+        // Reads are bytes at any round trip, which they do not even look at.
+        assert_eq!(request_cost(&read, never), 255 * 1024);
         // Metadata moves no payload.
-        assert_eq!(request_cost(&Request::Close { handle: b"h" }, loopback), 0);
+        assert_eq!(request_cost(&Request::Close { handle: b"h" }, never), 0);
     }
 }
