@@ -91,13 +91,6 @@ mod tests {
     use std::time::Duration;
     use tokio::sync::oneshot;
 
-    /// How often a future was polled, and whether it finished.
-    #[derive(Default)]
-    struct Trace {
-        polls: AtomicUsize,
-        done: AtomicUsize,
-    }
-
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_future_that_does_not_wait_runs_only_here() {
         let runtime = tokio::runtime::Handle::current();
@@ -119,31 +112,40 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_waiting_future_is_handed_over_when_woken_and_finishes_once() {
         let runtime = tokio::runtime::Handle::current();
-        let trace = Arc::new(Trace::default());
-        let (tx, rx) = oneshot::channel::<u32>();
+        let polls = Arc::new(AtomicUsize::new(0));
+        let done = Arc::new(AtomicUsize::new(0));
+        let (tx, mut rx) = oneshot::channel::<u32>();
         let (done_tx, done_rx) = oneshot::channel();
-        let t = trace.clone();
+        let (p, d) = (polls.clone(), done.clone());
         let rt = runtime.clone();
         std::thread::spawn(move || {
             run_here_then_on(&rt, async move {
-                t.polls.fetch_add(1, Ordering::SeqCst);
-                let v = rx.await.unwrap();
-                t.done.fetch_add(1, Ordering::SeqCst);
+                let v = std::future::poll_fn(|cx| {
+                    p.fetch_add(1, Ordering::SeqCst);
+                    Pin::new(&mut rx).poll(cx)
+                })
+                .await
+                .unwrap();
+                d.fetch_add(1, Ordering::SeqCst);
                 done_tx.send(v).unwrap();
             });
         })
         .join()
         .unwrap();
         tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            trace.done.load(Ordering::SeqCst),
-            0,
-            "finished without its value"
-        );
+        assert_eq!(done.load(Ordering::SeqCst), 0, "finished without its value");
+        // Parked: not polled again before something woke it (a task spawned at once would
+        // have been).
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "polled again unwoken");
         // Woken from a task on a worker, as the SFTP reader task does.
         tokio::spawn(async move { tx.send(7).unwrap() });
         assert_eq!(done_rx.await.unwrap(), 7);
-        assert_eq!(trace.done.load(Ordering::SeqCst), 1);
+        assert_eq!(done.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            polls.load(Ordering::SeqCst),
+            2,
+            "polled here, then once when woken"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
