@@ -94,9 +94,11 @@ pub(crate) enum WriteJob<R: Remote> {
         /// Its share of [`EARLY_ANSWER_BYTES`], given back once it is on the wire.
         early: Option<OwnedSemaphorePermit>,
     },
-    /// Wait until every earlier write has been answered, then report `file`'s latched error.
+    /// Wait until every earlier write has been answered, then answer with `file`'s latched
+    /// error: taken (reported, by flush and fsync) or only looked at (left for them).
     Barrier {
         file: Arc<OpenFile<R>>,
+        take: bool,
         done: oneshot::Sender<Result<(), RemoteError>>,
     },
     /// Change attributes through `file`'s handle, after the writes before it.
@@ -375,13 +377,26 @@ impl<R: Remote> OpenFile<R> {
     }
 
     /// Wait for every write of the file queued so far to be answered; report the first failure
-    /// of a write made through this descriptor.
+    /// of a write made through this descriptor (taken: reported once, by flush or fsync).
     pub async fn drain(self: &Arc<Self>, fs: &Arc<Fs<R>>) -> Result<(), RemoteError> {
+        self.barrier(fs, true).await
+    }
+
+    /// Wait as [`OpenFile::drain`] does, for a request that must see the writes but does not
+    /// report their failure (getattr, read, unmount): the failure, returned to look at, stays
+    /// latched for the flush or fsync that reports it. (Taking it and latching it again after
+    /// the wait would let an fsync queued meanwhile answer success.)
+    pub async fn settle(self: &Arc<Self>, fs: &Arc<Fs<R>>) -> Result<(), RemoteError> {
+        self.barrier(fs, false).await
+    }
+
+    async fn barrier(self: &Arc<Self>, fs: &Arc<Fs<R>>, take: bool) -> Result<(), RemoteError> {
         let has_writer = self.stream.writer.lock().unwrap().is_some();
         if has_writer {
             let (done, rx) = oneshot::channel();
             let job = WriteJob::Barrier {
                 file: self.clone(),
+                take,
                 done,
             };
             if self.stream.submit(fs, job) {
@@ -390,10 +405,16 @@ impl<R: Remote> OpenFile<R> {
                 }
             }
         }
-        match self.take_error() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        self.latched(take)
+    }
+
+    /// The latched failure, taken or left in place.
+    fn latched(&self, take: bool) -> Result<(), RemoteError> {
+        let found = match take {
+            true => self.take_error(),
+            false => self.peek_error(),
+        };
+        found.map_or(Ok(()), Err)
     }
 }
 
@@ -763,14 +784,11 @@ async fn writer_loop<R: Remote>(
                 }
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
             }
-            WriteJob::Barrier { file, done } => {
+            WriteJob::Barrier { file, take, done } => {
                 stream.wait_all_answered().await;
                 // Nothing in flight: a striped run may go on striping without waiting.
                 lane_span = None;
-                let _ = done.send(match file.take_error() {
-                    Some(e) => Err(e),
-                    None => Ok(()),
-                });
+                let _ = done.send(file.latched(take));
             }
         }
     }

@@ -1065,7 +1065,7 @@ impl<R: Remote> Fs<R> {
             // An open file is asked through its handle: that works after unlink, too. Writes
             // still in flight are waited for, so the size shown includes them.
             if file.writes_pending() {
-                let _ = file.drain(self).await.map_err(|e| file.latch(e));
+                let _ = file.settle(self).await;
             }
             let remote = &self.remote;
             let fstat = self
@@ -1127,9 +1127,7 @@ impl<R: Remote> Fs<R> {
     /// descriptors of a file share one ordered write stream, so one barrier drains them all.
     async fn drain_inode(self: &Arc<Self>, ino: Ino) {
         if let Some(f) = self.writers_of(ino).into_iter().next() {
-            if let Err(e) = f.drain(self).await {
-                f.latch(e);
-            }
+            let _ = f.settle(self).await;
         }
     }
 
@@ -2475,8 +2473,8 @@ impl<R: Remote> Fs<R> {
             None => Ok(()),
         };
         for f in files {
-            if let Err(e) = f.drain(self).await {
-                f.latch(e.clone());
+            // Left latched: the application's own close or fsync still reports it.
+            if let Err(e) = f.settle(self).await {
                 if first.is_ok() {
                     first = Err(remote_err(Op::Write, &e, "flush"));
                 }

@@ -1206,6 +1206,31 @@ async fn wb_writes_answered_when_queued_within_a_bound() {
     );
 }
 
+/// A getattr (or read) that waits for the writes in flight does not report their failure, so
+/// it must leave it latched for the fsync or close that does: an fsync queued while the
+/// getattr waits still gets the error. (The getattr used to take the error and latch it again
+/// only after its own wait: an fsync answered in between said success, and the kernel's
+/// GETATTR after a write made that a race CI lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_failed_write_is_reported_by_fsync_while_a_getattr_waits() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.plan.hold(ROp::Write);
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    h.fs.write(fh, 0, b"x").await.unwrap();
+    h.plan.until_held(ROp::Write, 1).await;
+    // Both wait behind the write, the getattr first.
+    let mut getattr = Box::pin(h.fs.getattr(f, Some(fh)));
+    let mut fsync = Box::pin(h.fs.fsync(fh));
+    assert!(answered_at_once(&mut getattr).is_none(), "getattr waits");
+    assert!(answered_at_once(&mut fsync).is_none(), "fsync waits");
+    h.plan.release(ROp::Write);
+    let (attr, synced) = tokio::join!(getattr, fsync);
+    attr.unwrap();
+    assert_errno(synced, libc::EIO, "fsync after the failed write");
+    h.fs.release(fh).await.unwrap();
+}
+
 /// tar: create, write, futimens. The times are set behind the writes; the attributes
 /// answered for them show the size of the writes still queued (answered early).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
