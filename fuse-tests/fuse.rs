@@ -2919,7 +2919,9 @@ fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
         }
         Err(e) => e.raw_os_error().unwrap_or(-1),
     };
-    // (What the server and the mount saw, should this ever differ: CI once got success.)
+    // (What the server and the mount saw, should this ever fail again. CI once got success
+    // here: another test's child closed its copy of `f`, see
+    // `fsync_and_close_report_a_failed_write_after_a_child_closed_its_copy`.)
     assert_eq!(
         errno_name(got),
         errno_name(libc::EFBIG),
@@ -3114,4 +3116,38 @@ fn one_network_worker_serves_parallel_work() {
         })
         .count();
     assert_eq!(workers, 1, "tokio worker threads of the mount");
+}
+
+/// A child process that inherited the descriptor closes its copy (at exec: O_CLOEXEC) between
+/// the owner's write and its fsync or close: the kernel sends a FLUSH of the same handle, which
+/// is told of the failure of the write, and the owner's fsync or close must still report it. Every
+/// `Command::spawn` of another thread does that; in CI, the parallel tests' spawns made the
+/// EFBIG test above get success from fsync once.
+#[test]
+fn fsync_and_close_report_a_failed_write_after_a_child_closed_its_copy() {
+    const NEAR_MAX: u64 = (1 << 63) - 2;
+    let m = TestMount::start(&[NO_CACHE]);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("big"))
+        .unwrap();
+    // Answered when queued; the server refuses it.
+    assert_eq!(f.write_at(b"x", NEAR_MAX).unwrap(), 1);
+    let child = Command::new("/bin/true").status().unwrap();
+    assert!(child.success());
+    assert_errno(f.sync_all(), libc::EFBIG, "fsync after a child's close");
+    // Reported once: the file is usable again.
+    f.write_at(b"ok", 0).unwrap();
+    f.sync_all().unwrap();
+    // The same for the owner's close(2), which a child's close of its copy does not take.
+    assert_eq!(f.write_at(b"x", NEAR_MAX).unwrap(), 1);
+    assert!(Command::new("/bin/true").status().unwrap().success());
+    let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+    // SAFETY: we own fd and close it exactly once.
+    let closed = last_os_error(unsafe { libc::close(fd) });
+    assert_errno(closed, libc::EFBIG, "close after a child's close");
+    assert_eq!(fs::read(m.e("big")).unwrap(), b"ok");
 }

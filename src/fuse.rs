@@ -322,8 +322,13 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let fs = self.fs.clone();
+        let pid = req.pid();
         self.spawn("open", req, async move {
-            match fs.open(ino.0, OpenRequest { flags: flags.0 }).await {
+            let req = OpenRequest {
+                flags: flags.0,
+                pid,
+            };
+            match fs.open(ino.0, req).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -381,8 +386,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         reply: ReplyEmpty,
     ) {
         let fs = self.fs.clone();
+        let pid = req.pid();
         self.spawn("flush", req, async move {
-            reply_empty(reply, fs.flush(fh.0).await)
+            reply_empty(reply, fs.flush_from(fh.0, pid).await)
         });
     }
 
@@ -623,9 +629,10 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     ) {
         let fs = self.fs.clone();
         let name = name.to_owned();
+        let pid = req.pid();
         self.spawn("create", req, async move {
             match fs
-                .create(parent.0, &name, mode, umask, OpenRequest { flags })
+                .create(parent.0, &name, mode, umask, OpenRequest { flags, pid })
                 .await
             {
                 Ok((e, fh)) => reply.created(

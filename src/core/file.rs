@@ -195,6 +195,14 @@ pub struct OpenFile<R: Remote> {
     /// Where the write that failed first (see `error`) would have ended: whether it went past
     /// the largest file the server can hold decides between EFBIG and EIO.
     failed_end: AtomicU64,
+    /// First failure not yet reported by an fsync, with the end of its write. A flush reports
+    /// (and takes) `error`, but a FLUSH may come from another process that shares this open
+    /// file description (a child closing its inherited copy at exec): the owner's fsync must
+    /// still see the failure, as it would through errseq on a local disk.
+    unsynced: Mutex<Option<(RemoteError, u64)>>,
+    /// The thread that opened the descriptor (the kernel's request pid; 0 if not known). A
+    /// close by another one may be a child closing the copy it inherited (see `Fs::flush_from`).
+    pub opener: u32,
     /// Extra handles on other channels for striped writes; used by the writer task, closed
     /// at release.
     lanes: Mutex<Lanes<R::Handle>>,
@@ -204,7 +212,13 @@ pub struct OpenFile<R: Remote> {
 }
 
 impl<R: Remote> OpenFile<R> {
-    pub fn new(ino: Ino, flags: OpenFlags, handle: R::Handle, stream: Arc<WriteStream<R>>) -> Self {
+    pub fn new(
+        ino: Ino,
+        flags: OpenFlags,
+        handle: R::Handle,
+        stream: Arc<WriteStream<R>>,
+        opener: u32,
+    ) -> Self {
         OpenFile {
             ino,
             flags,
@@ -214,6 +228,8 @@ impl<R: Remote> OpenFile<R> {
             error: Mutex::new(None),
             written_end: AtomicU64::new(0),
             failed_end: AtomicU64::new(0),
+            unsynced: Mutex::new(None),
+            opener,
             lanes: Mutex::new(Lanes::Untried),
             created: Mutex::new(None),
         }
@@ -308,6 +324,10 @@ impl<R: Remote> OpenFile<R> {
 
     /// Latch the failure of a write that would have ended at byte `end`.
     pub fn latch_write(&self, err: RemoteError, end: u64) {
+        self.unsynced
+            .lock()
+            .unwrap()
+            .get_or_insert_with(|| (err.clone(), end));
         let mut slot = self.error.lock().unwrap();
         if slot.is_none() {
             *slot = Some(err);
@@ -318,6 +338,11 @@ impl<R: Remote> OpenFile<R> {
     /// The end of the write whose failure was latched first (0 if unknown).
     pub fn failed_end(&self) -> u64 {
         self.failed_end.load(Ordering::Relaxed)
+    }
+
+    /// The first failure no fsync has reported yet, with its write's end; taken.
+    pub fn take_unsynced(&self) -> Option<(RemoteError, u64)> {
+        self.unsynced.lock().unwrap().take()
     }
 
     pub fn take_error(&self) -> Option<RemoteError> {

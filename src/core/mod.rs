@@ -107,10 +107,12 @@ pub struct DirItem {
     pub listed_at: u64,
 }
 
-/// Open flags as the kernel gives them, decoded.
-#[derive(Debug, Clone, Copy)]
+/// Open flags as the kernel gives them, decoded, and who asked.
+#[derive(Debug, Clone, Copy, Default)]
 pub struct OpenRequest {
     pub flags: i32,
+    /// The thread that opens (the kernel's request pid; 0 if not known).
+    pub pid: u32,
 }
 
 impl OpenRequest {
@@ -439,14 +441,21 @@ impl<R: Remote> Fs<R> {
     }
 
     /// A new open descriptor of `ino`, sharing the file's write queue with the others.
-    fn register_file(&self, ino: Ino, flags: OpenFlags, handle: R::Handle) -> u64 {
+    fn register_file(&self, ino: Ino, flags: OpenFlags, handle: R::Handle, opener: u32) -> u64 {
         let fh = self.alloc_fh();
-        self.register_file_at(fh, ino, flags, handle);
+        self.register_file_at(fh, ino, flags, handle, opener);
         fh
     }
 
     /// Register an open file under descriptor number `fh`.
-    fn register_file_at(&self, fh: u64, ino: Ino, flags: OpenFlags, handle: R::Handle) {
+    fn register_file_at(
+        &self,
+        fh: u64,
+        ino: Ino,
+        flags: OpenFlags,
+        handle: R::Handle,
+        opener: u32,
+    ) {
         // Lock order: streams, then files (as in release), so an open racing the last
         // close of the same file can never end up with a second stream.
         let mut streams = self.streams.lock().unwrap();
@@ -463,7 +472,8 @@ impl<R: Remote> Fs<R> {
             // Another descriptor may change the file: what its creator knew is not enough.
             other.update_created(None);
         }
-        files.insert(fh, Arc::new(OpenFile::new(ino, flags, handle, stream)));
+        let file = OpenFile::new(ino, flags, handle, stream, opener);
+        files.insert(fh, Arc::new(file));
     }
 
     fn alloc_fh(&self) -> u64 {
@@ -1920,7 +1930,7 @@ impl<R: Remote> Fs<R> {
                 }
             }
         }
-        Ok(self.register_file(ino, flags, handle))
+        Ok(self.register_file(ino, flags, handle, req.pid))
     }
 
     pub async fn create(
@@ -1969,7 +1979,7 @@ impl<R: Remote> Fs<R> {
         if entry.attr.size == 0 {
             self.enforcer.quota.created(entry.attr.ino);
         }
-        let fh = self.register_file(entry.attr.ino, flags, handle);
+        let fh = self.register_file(entry.attr.ino, flags, handle, req.pid);
         if flags.exclusive && flags.write {
             // Made just now by this descriptor: its mode and times may change behind its
             // writes (see `setattr_behind`).
@@ -2006,6 +2016,7 @@ impl<R: Remote> Fs<R> {
         }
         let req = OpenRequest {
             flags: libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            pid: 0,
         };
         let (entry, fh) = self
             .create(parent, name, libc::S_IFREG | (mode & 0o7777), umask, req)
@@ -2078,7 +2089,8 @@ impl<R: Remote> Fs<R> {
             // finds the open file.
             let mut snapshots = self.snapshots.lock().unwrap();
             if snapshots.remove(&fh).is_some() {
-                self.register_file_at(fh, ino, OpenFlags::read_only(), handle);
+                // (Read only: no write of it can fail, so who closes it does not matter.)
+                self.register_file_at(fh, ino, OpenFlags::read_only(), handle, 0);
                 return Ok(());
             }
         }
@@ -2389,13 +2401,28 @@ impl<R: Remote> Fs<R> {
         }
     }
 
-    /// Every close(2): report a failed write of this file.
+    /// A close(2) by the thread that opened `fh` (and fsync's wait): see [`Fs::flush_from`].
     pub async fn flush(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        self.flush_from(fh, 0).await
+    }
+
+    /// Every close(2) of a copy of the descriptor, by thread `pid` (0: the opener): report a
+    /// failed write of this file. The opener is told once (the failure is taken, and the file
+    /// is usable again). Anyone else is told too but leaves the failure for the opener's own
+    /// write, close or fsync: a child that inherited the descriptor closes its copy at exec
+    /// (every fork and exec of a process that holds it, often in the middle of its writes),
+    /// and taking the failure there would hide it from the program that wrote.
+    pub async fn flush_from(self: &Arc<Self>, fh: u64, pid: u32) -> FsResult<()> {
         if self.snapshot(fh).is_some() {
             return Ok(());
         }
         let file = self.file(fh)?;
-        if let Err(e) = file.drain(self).await {
+        let opener = pid == 0 || file.opener == 0 || pid == file.opener;
+        let waited = match opener {
+            true => file.drain(self).await,
+            false => file.settle(self).await,
+        };
+        if let Err(e) = waited {
             let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
             return Err(self
                 .explain_sized(Op::Write, e, &path, file.failed_end())
@@ -2409,8 +2436,16 @@ impl<R: Remote> Fs<R> {
             // Opened for reading and never written through: nothing of ours to sync.
             return Ok(());
         }
-        self.flush(fh).await?;
         let file = self.file(fh)?;
+        let flushed = self.flush(fh).await;
+        // Taken after the flush's wait: whatever failed before this fsync is in by then.
+        let unsynced = file.take_unsynced();
+        flushed?;
+        if let Some((e, end)) = unsynced {
+            // Reported to a flush already, maybe another process's close of its copy.
+            let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
+            return Err(self.explain_sized(Op::Write, e, &path, end).await);
+        }
         // (flush() above already reported any write lost with an old connection.)
         // The descriptor's own handle is enough even when its writes were striped over extra
         // lanes (other handles, other sftp-server processes): flush() waited for all their

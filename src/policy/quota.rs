@@ -18,8 +18,10 @@ use crate::core::inode::Ino;
 struct State {
     max_bytes: Option<u64>,
     max_files: Option<u64>,
-    /// Net bytes added since the mount (negative when more was deleted than written).
-    bytes: i64,
+    /// Net bytes added since the mount (negative when more was deleted than written). Wide:
+    /// a file may be as large as `i64::MAX` (a write at the largest offset, which the server
+    /// then refuses) and a linked one is charged more than once, so an `i64` could overflow.
+    bytes: i128,
     /// Net entries created since the mount.
     files: i64,
     /// Known size of every file the mount has seen and may still change.
@@ -76,7 +78,7 @@ impl Quota {
     pub fn usage(&self) -> Usage {
         let s = self.state.lock().unwrap();
         Usage {
-            bytes: s.bytes,
+            bytes: s.bytes.clamp(i64::MIN.into(), i64::MAX.into()) as i64,
             files: s.files,
             max_bytes: s.max_bytes,
             max_files: s.max_files,
@@ -130,8 +132,8 @@ impl Quota {
         let allowed_growth = match s.max_bytes {
             None => growth,
             Some(max) => {
-                let left = (max as i64 - s.bytes).max(0) as u64;
-                growth.min(left / weight)
+                let left = (i128::from(max) - s.bytes).max(0) as u128;
+                growth.min((left / u128::from(weight)).min(u64::MAX.into()) as u64)
             }
         };
         // The bytes that fit are those up to size + allowed_growth.
@@ -139,7 +141,7 @@ impl Quota {
         if new_end <= offset {
             return Err(OverQuota);
         }
-        s.bytes += (allowed_growth * weight) as i64;
+        s.bytes += i128::from(allowed_growth) * i128::from(weight);
         s.sizes.insert(ino, new_end);
         Ok(new_end - offset)
     }
@@ -148,15 +150,15 @@ impl Quota {
     pub fn resize(&self, ino: Ino, size: u64) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
         let old = s.sizes.get(&ino).copied().unwrap_or(0);
-        let weight = Self::weight(&s, ino) as i64;
+        let delta = (i128::from(size) - i128::from(old)) * i128::from(Self::weight(&s, ino));
         if size > old {
             if let Some(max) = s.max_bytes {
-                if s.bytes + (size - old) as i64 * weight > max as i64 {
+                if s.bytes + delta > i128::from(max) {
                     return Err(OverQuota);
                 }
             }
         }
-        s.bytes += (size as i64 - old as i64) * weight;
+        s.bytes += delta;
         s.sizes.insert(ino, size);
         Ok(())
     }
@@ -165,7 +167,7 @@ impl Quota {
     pub fn unreserve(&self, ino: Ino, old_size: u64) {
         let mut s = self.state.lock().unwrap();
         if let Some(cur) = s.sizes.get(&ino).copied() {
-            s.bytes -= (cur as i64 - old_size as i64) * Self::weight(&s, ino) as i64;
+            s.bytes -= (i128::from(cur) - i128::from(old_size)) * i128::from(Self::weight(&s, ino));
             s.sizes.insert(ino, old_size);
         }
     }
@@ -181,16 +183,16 @@ impl Quota {
     pub fn reserve_link(&self, ino: Ino, size: u64) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
         if let Some(max) = s.max_bytes {
-            if s.bytes + size as i64 > max as i64 {
+            if s.bytes + i128::from(size) > i128::from(max) {
                 return Err(OverQuota);
             }
         }
         if let Some(max) = s.max_files {
-            if s.files + 1 > max as i64 {
+            if s.files + 1 > i64::try_from(max).unwrap_or(i64::MAX) {
                 return Err(OverQuota);
             }
         }
-        s.bytes += size as i64;
+        s.bytes += i128::from(size);
         s.files += 1;
         s.sizes.entry(ino).or_insert(size);
         *s.copies.entry(ino).or_insert(0) += 1;
@@ -200,7 +202,7 @@ impl Quota {
     /// A link reserved with [`Quota::reserve_link`] was not made.
     pub fn unreserve_link(&self, ino: Ino, size: u64) {
         let mut s = self.state.lock().unwrap();
-        s.bytes -= size as i64;
+        s.bytes -= i128::from(size);
         s.files -= 1;
         if let Some(c) = s.copies.get_mut(&ino) {
             *c = c.saturating_sub(1);
@@ -230,7 +232,7 @@ impl Quota {
                 }
             },
         };
-        s.bytes -= given_back as i64;
+        s.bytes -= i128::from(given_back);
         given_back
     }
 
@@ -240,14 +242,14 @@ impl Quota {
     pub fn name_restored(&self, bytes: u64) {
         let mut s = self.state.lock().unwrap();
         s.files += 1;
-        s.bytes += bytes as i64;
+        s.bytes += i128::from(bytes);
     }
 
     /// Reserve one new entry (file, directory, link).
     pub fn reserve_entry(&self) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
         if let Some(max) = s.max_files {
-            if s.files + 1 > max as i64 {
+            if s.files + 1 > i64::try_from(max).unwrap_or(i64::MAX) {
                 return Err(OverQuota);
             }
         }
@@ -260,7 +262,7 @@ impl Quota {
     pub fn release_entry(&self, ino: Option<Ino>, bytes: u64) {
         let mut s = self.state.lock().unwrap();
         s.files -= 1;
-        s.bytes -= bytes as i64;
+        s.bytes -= i128::from(bytes);
         if let Some(ino) = ino {
             s.sizes.remove(&ino);
         }
@@ -275,6 +277,29 @@ impl Quota {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file may grow to `i64::MAX` (a write at the largest offset, which the server then
+    /// refuses) and a linked file is charged twice: the counter neither wraps nor panics
+    /// (it did, in a debug build), and truncating the file back gives exactly that back.
+    #[test]
+    fn a_write_at_the_largest_offset_of_a_linked_file_is_counted_exactly() {
+        const NEAR_MAX: u64 = (1 << 63) - 2;
+        let q = Quota::new(None, None);
+        q.created(1);
+        q.created(2);
+        assert_eq!(q.reserve_write(1, 0, 10), Ok(10));
+        q.reserve_link(2, 0).unwrap();
+        assert_eq!(q.reserve_write(2, NEAR_MAX, 1), Ok(1));
+        assert_eq!(q.usage().bytes, i64::MAX, "shown saturated");
+        q.resize(2, 0).unwrap();
+        assert_eq!(q.usage().bytes, 10);
+        // With a limit, such a write does not fit at all.
+        let q = Quota::new(Some(1 << 40), None);
+        q.created(1);
+        assert_eq!(q.reserve_write(1, NEAR_MAX, 1), Err(OverQuota));
+        assert_eq!(q.reserve_write(1, 0, 10), Ok(10));
+        assert_eq!(q.usage().bytes, 10);
+    }
 
     #[test]
     fn exact_limit_one_over_and_short_writes() {
