@@ -17,10 +17,11 @@
 //! * every operation that must see the writes (read, getattr, truncate, flush, fsync, unmount)
 //!   queues a barrier behind them or waits for the writes to be answered, whether they are
 //!   still queued or on the wire;
-//! * the first failure is latched on the descriptor it was written through and returned by the
-//!   next write, `flush` (every `close`) and `fsync`: an acknowledged write is on the server or
-//!   its loss is reported, never silent. (A descriptor with a failure latched gets no early
-//!   answers: its next write waits for the writer, which reports the failure.)
+//! * a failure is latched on the descriptor it was written through and reported, once each,
+//!   to its writes, to the close of the thread that opened it, and to fsync ([`Told`]): an
+//!   acknowledged write is on the server or its loss is reported, never silent. Until the
+//!   writes are told, nothing more is sent and nothing is answered early: the next write waits
+//!   for the writer, which reports the failure (so does any close).
 //!
 //! **Striping.** One SFTP channel moves at most its SSH flow-control window (OpenSSH: 2 MiB)
 //! per round trip, so at 20 ms one handle cannot write faster than about 100 MiB/s. Once a
@@ -83,6 +84,10 @@ pub const MAX_LANES: usize = 4;
 /// vs 134-138 MiB/s); whole MiBs mean fewer switches between channels.
 pub const STRIPE_UNIT: usize = 1024 * 1024;
 
+/// How a write that waits is answered: the bytes written, or a failure with the end of the
+/// write that failed (which tells EFBIG from EIO).
+pub(crate) type WriteAnswer = Result<u32, (RemoteError, u64)>;
+
 pub(crate) enum WriteJob<R: Remote> {
     Data {
         file: Arc<OpenFile<R>>,
@@ -90,17 +95,12 @@ pub(crate) enum WriteJob<R: Remote> {
         data: Bytes,
         /// Where the write is answered; `None` if it was answered when queued (its failure is
         /// then latched only, and reported by the next write, flush or fsync).
-        done: Option<oneshot::Sender<Result<u32, RemoteError>>>,
+        done: Option<oneshot::Sender<WriteAnswer>>,
         /// Its share of [`EARLY_ANSWER_BYTES`], given back once it is on the wire.
         early: Option<OwnedSemaphorePermit>,
     },
-    /// Wait until every earlier write has been answered, then answer with `file`'s latched
-    /// error: taken (reported, by flush and fsync) or only looked at (left for them).
-    Barrier {
-        file: Arc<OpenFile<R>>,
-        take: bool,
-        done: oneshot::Sender<Result<(), RemoteError>>,
-    },
+    /// Answered once every earlier write has been answered.
+    Barrier { done: oneshot::Sender<()> },
     /// Change attributes through `file`'s handle, after the writes before it.
     SetAttrs {
         file: Arc<OpenFile<R>>,
@@ -187,19 +187,11 @@ pub struct OpenFile<R: Remote> {
     /// a new one (the second would leak a server handle).
     reopening: tokio::sync::Mutex<()>,
     pub stream: Arc<WriteStream<R>>,
-    /// First write failure through this descriptor not yet reported by flush/fsync.
-    error: Mutex<Option<RemoteError>>,
+    /// Write failures through this descriptor, and who has been told of them.
+    failures: Mutex<Failures>,
     /// Highest byte offset written through this handle (for the size the kernel is shown
     /// while writes are still in flight).
     pub written_end: AtomicU64,
-    /// Where the write that failed first (see `error`) would have ended: whether it went past
-    /// the largest file the server can hold decides between EFBIG and EIO.
-    failed_end: AtomicU64,
-    /// First failure not yet reported by an fsync, with the end of its write. A flush reports
-    /// (and takes) `error`, but a FLUSH may come from another process that shares this open
-    /// file description (a child closing its inherited copy at exec): the owner's fsync must
-    /// still see the failure, as it would through errseq on a local disk.
-    unsynced: Mutex<Option<(RemoteError, u64)>>,
     /// The thread that opened the descriptor (the kernel's request pid; 0 if not known). A
     /// close by another one may be a child closing the copy it inherited (see `Fs::flush_from`).
     pub opener: u32,
@@ -225,10 +217,8 @@ impl<R: Remote> OpenFile<R> {
             handle: RwLock::new((handle, 0)),
             reopening: tokio::sync::Mutex::new(()),
             stream,
-            error: Mutex::new(None),
+            failures: Mutex::new(Failures::default()),
             written_end: AtomicU64::new(0),
-            failed_end: AtomicU64::new(0),
-            unsynced: Mutex::new(None),
             opener,
             lanes: Mutex::new(Lanes::Untried),
             created: Mutex::new(None),
@@ -324,33 +314,41 @@ impl<R: Remote> OpenFile<R> {
 
     /// Latch the failure of a write that would have ended at byte `end`.
     pub fn latch_write(&self, err: RemoteError, end: u64) {
-        self.unsynced
-            .lock()
-            .unwrap()
-            .get_or_insert_with(|| (err.clone(), end));
-        let mut slot = self.error.lock().unwrap();
-        if slot.is_none() {
-            *slot = Some(err);
-            self.failed_end.store(end, Ordering::Relaxed);
+        let mut f = self.failures.lock().unwrap();
+        f.seq += 1;
+        f.last = Some((err, end));
+    }
+
+    /// Whether `who` has a failure to be told of.
+    pub fn failure_untold(&self, who: Told) -> bool {
+        self.failures.lock().unwrap().untold(who)
+    }
+
+    /// A failure somebody has not been told of yet (nothing may be queued behind the writes
+    /// then: it would be lost with them).
+    pub fn pending_failure(&self) -> Option<RemoteError> {
+        let f = self.failures.lock().unwrap();
+        f.last.as_ref().map(|(e, _)| e.clone())
+    }
+
+    /// The failure `report` has not been told of yet, if any, with the end of its write; from
+    /// now on, everyone in `told` has been told of every failure so far. A failure everyone
+    /// has been told of is forgotten.
+    pub fn tell(&self, report: Told, told: &[Told]) -> Option<(RemoteError, u64)> {
+        let mut f = self.failures.lock().unwrap();
+        let found = if f.untold(report) {
+            f.last.clone()
+        } else {
+            None
+        };
+        let seq = f.seq;
+        for &who in told {
+            f.told[who as usize] = seq;
         }
-    }
-
-    /// The end of the write whose failure was latched first (0 if unknown).
-    pub fn failed_end(&self) -> u64 {
-        self.failed_end.load(Ordering::Relaxed)
-    }
-
-    /// The first failure no fsync has reported yet, with its write's end; taken.
-    pub fn take_unsynced(&self) -> Option<(RemoteError, u64)> {
-        self.unsynced.lock().unwrap().take()
-    }
-
-    pub fn take_error(&self) -> Option<RemoteError> {
-        self.error.lock().unwrap().take()
-    }
-
-    pub fn peek_error(&self) -> Option<RemoteError> {
-        self.error.lock().unwrap().clone()
+        if f.told.iter().all(|&t| t == seq) {
+            f.last = None;
+        }
+        found
     }
 
     /// Whether writes of this file (through any descriptor) are queued or in flight.
@@ -366,17 +364,17 @@ impl<R: Remote> OpenFile<R> {
         fs: &Arc<Fs<R>>,
         offset: u64,
         data: Bytes,
-    ) -> Option<Option<oneshot::Receiver<Result<u32, RemoteError>>>> {
+    ) -> Option<Option<oneshot::Receiver<WriteAnswer>>> {
         if let Some(a) = self.created.lock().unwrap().as_mut() {
             // The server sets the mtime as the write lands: no longer known here.
             a.mtime = None;
         }
         let end = offset + data.len() as u64;
-        let early = match self.peek_error() {
-            None => u32::try_from(data.len())
+        let early = match self.failure_untold(Told::Writes) {
+            false => u32::try_from(data.len())
                 .ok()
                 .and_then(|n| self.stream.early.clone().try_acquire_many_owned(n).ok()),
-            Some(_) => None,
+            true => None,
         };
         let (done, answer) = match early {
             Some(_) => (None, None),
@@ -401,45 +399,52 @@ impl<R: Remote> OpenFile<R> {
         Some(answer)
     }
 
-    /// Wait for every write of the file queued so far to be answered; report the first failure
-    /// of a write made through this descriptor (taken: reported once, by flush or fsync).
-    pub async fn drain(self: &Arc<Self>, fs: &Arc<Fs<R>>) -> Result<(), RemoteError> {
-        self.barrier(fs, true).await
-    }
-
-    /// Wait as [`OpenFile::drain`] does, for a request that must see the writes but does not
-    /// report their failure (getattr, read, unmount): the failure, returned to look at, stays
-    /// latched for the flush or fsync that reports it. (Taking it and latching it again after
-    /// the wait would let an fsync queued meanwhile answer success.)
-    pub async fn settle(self: &Arc<Self>, fs: &Arc<Fs<R>>) -> Result<(), RemoteError> {
-        self.barrier(fs, false).await
-    }
-
-    async fn barrier(self: &Arc<Self>, fs: &Arc<Fs<R>>, take: bool) -> Result<(), RemoteError> {
+    /// Wait until every write of the file queued so far (through any descriptor) has been
+    /// answered: their failures are latched by then, for whoever [`OpenFile::tell`]s them.
+    pub async fn settle(self: &Arc<Self>, fs: &Arc<Fs<R>>) {
         let has_writer = self.stream.writer.lock().unwrap().is_some();
         if has_writer {
             let (done, rx) = oneshot::channel();
-            let job = WriteJob::Barrier {
-                file: self.clone(),
-                take,
-                done,
-            };
-            if self.stream.submit(fs, job) {
-                if let Ok(result) = rx.await {
-                    return result;
-                }
+            if self.stream.submit(fs, WriteJob::Barrier { done }) {
+                let _ = rx.await;
             }
         }
-        self.latched(take)
     }
+}
 
-    /// The latched failure, taken or left in place.
-    fn latched(&self, take: bool) -> Result<(), RemoteError> {
-        let found = match take {
-            true => self.take_error(),
-            false => self.peek_error(),
-        };
-        found.map_or(Ok(()), Err)
+/// Who is told of a descriptor's write failures. Each is told of a failure once, as each open
+/// file keeps its own cursor in the kernel's errseq: a close that reports it does not use it
+/// up for fsync, and a child's close of its inherited copy does not use it up for the program
+/// that opened the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Told {
+    /// The descriptor's later writes, which are not sent while this is untold (they would be
+    /// lost behind the failure). A write that waits for its answer reports it; so does a close
+    /// by any thread.
+    Writes = 0,
+    /// The close(2) of the thread that opened the descriptor.
+    Opener = 1,
+    /// fsync(2).
+    Fsync = 2,
+}
+
+/// A descriptor's write failures and who has been told of them.
+#[derive(Debug, Default)]
+struct Failures {
+    /// The latest failure, while somebody has not been told of it, and where its write would
+    /// have ended (whether that is past the largest file the server can hold decides EFBIG or
+    /// EIO). The latest, as errseq keeps: one told of several failures at once hears of the
+    /// latest.
+    last: Option<(RemoteError, u64)>,
+    /// Failures so far.
+    seq: u64,
+    /// The `seq` each of [`Told`] was last told of, by its number.
+    told: [u64; 3],
+}
+
+impl Failures {
+    fn untold(&self, who: Told) -> bool {
+        self.told[who as usize] < self.seq
     }
 }
 
@@ -646,12 +651,21 @@ async fn writer_loop<R: Remote>(
                 done,
                 early,
             } => {
-                if let Some(err) = file.peek_error() {
-                    // Not sent: the failure stays latched for flush/fsync (and is reported
-                    // here too, if the write is still waiting for its answer).
+                // After a failure the writes are not told of yet, nothing is sent: it would
+                // land behind the loss. A write still waiting for its answer reports the
+                // failure (and later ones go again); one answered already is reported by the
+                // close or fsync that follows, which have not been told either.
+                let refused = if done.is_some() {
+                    file.tell(Told::Writes, &[Told::Writes])
+                } else if file.failure_untold(Told::Writes) {
+                    file.pending_failure().map(|e| (e, 0))
+                } else {
+                    None
+                };
+                if let Some(failure) = refused {
                     stream.queued.fetch_sub(1, Ordering::AcqRel);
                     if let Some(done) = done {
-                        let _ = done.send(Err(err));
+                        let _ = done.send(Err(failure));
                     }
                     continue;
                 }
@@ -809,11 +823,11 @@ async fn writer_loop<R: Remote>(
                 }
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
             }
-            WriteJob::Barrier { file, take, done } => {
+            WriteJob::Barrier { done } => {
                 stream.wait_all_answered().await;
                 // Nothing in flight: a striped run may go on striping without waiting.
                 lane_span = None;
-                let _ = done.send(file.latched(take));
+                let _ = done.send(());
             }
         }
     }

@@ -25,7 +25,7 @@ use bytes::Bytes;
 
 use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
-use self::file::{OpenFile, WriteStream};
+use self::file::{OpenFile, Told, WriteStream};
 use self::inode::{Ino, InodeTable, Location, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
 use self::remove_behind::RemovesBehind;
@@ -1075,7 +1075,7 @@ impl<R: Remote> Fs<R> {
             // An open file is asked through its handle: that works after unlink, too. Writes
             // still in flight are waited for, so the size shown includes them.
             if file.writes_pending() {
-                let _ = file.settle(self).await;
+                file.settle(self).await;
             }
             let remote = &self.remote;
             let fstat = self
@@ -1137,7 +1137,7 @@ impl<R: Remote> Fs<R> {
     /// descriptors of a file share one ordered write stream, so one barrier drains them all.
     async fn drain_inode(self: &Arc<Self>, ino: Ino) {
         if let Some(f) = self.writers_of(ino).into_iter().next() {
-            let _ = f.settle(self).await;
+            f.settle(self).await;
         }
     }
 
@@ -1363,7 +1363,7 @@ impl<R: Remote> Fs<R> {
             self.sole_open_file(ino)
                 .is_some_and(|f| Arc::ptr_eq(&f, file))
         };
-        if !only_mode_and_times || file.peek_error().is_some() || !alone() {
+        if !only_mode_and_times || file.pending_failure().is_some() || !alone() {
             return None;
         }
         let mut set = SetAttrs::default();
@@ -2390,45 +2390,45 @@ impl<R: Remote> Fs<R> {
             let Some(rx) = answer else { return Ok(n) };
             match rx.await {
                 Ok(Ok(n)) => Ok(n),
-                Ok(Err(e)) => {
-                    let path = this.path_of(file.ino).unwrap_or_else(|_| this.root.clone());
-                    Err(this
-                        .explain_sized(Op::Write, e, &path, file.failed_end())
-                        .await)
-                }
+                Ok(Err(failure)) => Err(this.write_failure(&file, failure).await),
                 Err(_) => Err(FsError::new(libc::EIO, "writer stopped")),
             }
         }
     }
 
-    /// A close(2) by the thread that opened `fh` (and fsync's wait): see [`Fs::flush_from`].
+    /// A close(2) by the thread that opened `fh`: see [`Fs::flush_from`].
     pub async fn flush(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         self.flush_from(fh, 0).await
     }
 
-    /// Every close(2) of a copy of the descriptor, by thread `pid` (0: the opener): report a
-    /// failed write of this file. The opener is told once (the failure is taken, and the file
-    /// is usable again). Anyone else is told too but leaves the failure for the opener's own
-    /// write, close or fsync: a child that inherited the descriptor closes its copy at exec
-    /// (every fork and exec of a process that holds it, often in the middle of its writes),
-    /// and taking the failure there would hide it from the program that wrote.
+    /// Every close(2) of a copy of the descriptor, by thread `pid` (0: the opener): wait for
+    /// the file's writes and report a failure of those made through it. The opener's close
+    /// reports every failure it has not been told of; anyone else's (a child that inherited
+    /// the descriptor closes its copy at exec, maybe in the middle of the opener's writes)
+    /// one the writes have not been told of. Either way the descriptor's writes may go on
+    /// afterwards, and what the opener's close and fsync have not been told of they still
+    /// report (see [`file::Told`]).
     pub async fn flush_from(self: &Arc<Self>, fh: u64, pid: u32) -> FsResult<()> {
         if self.snapshot(fh).is_some() {
             return Ok(());
         }
         let file = self.file(fh)?;
+        file.settle(self).await;
         let opener = pid == 0 || file.opener == 0 || pid == file.opener;
-        let waited = match opener {
-            true => file.drain(self).await,
-            false => file.settle(self).await,
+        let failure = match opener {
+            true => file.tell(Told::Opener, &[Told::Opener, Told::Writes]),
+            false => file.tell(Told::Writes, &[Told::Writes]),
         };
-        if let Err(e) = waited {
-            let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
-            return Err(self
-                .explain_sized(Op::Write, e, &path, file.failed_end())
-                .await);
+        match failure {
+            Some(failure) => Err(self.write_failure(&file, failure).await),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The error to report for a failed write of `file` that would have ended at `end`.
+    async fn write_failure(&self, file: &OpenFile<R>, (err, end): (RemoteError, u64)) -> FsError {
+        let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
+        self.explain_sized(Op::Write, err, &path, end).await
     }
 
     pub async fn fsync(self: &Arc<Self>, fh: u64) -> FsResult<()> {
@@ -2437,18 +2437,16 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let file = self.file(fh)?;
-        let flushed = self.flush(fh).await;
-        // Taken after the flush's wait: whatever failed before this fsync is in by then.
-        let unsynced = file.take_unsynced();
-        flushed?;
-        if let Some((e, end)) = unsynced {
-            // Reported to a flush already, maybe another process's close of its copy.
-            let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
-            return Err(self.explain_sized(Op::Write, e, &path, end).await);
+        file.settle(self).await;
+        // Whoever's close saw a failure first, fsync has not been told of it: it reports it,
+        // and then the opener's close need not.
+        let everyone = [Told::Fsync, Told::Opener, Told::Writes];
+        if let Some(failure) = file.tell(Told::Fsync, &everyone) {
+            return Err(self.write_failure(&file, failure).await);
         }
-        // (flush() above already reported any write lost with an old connection.)
+        // (Any write lost with an old connection was reported above.)
         // The descriptor's own handle is enough even when its writes were striped over extra
-        // lanes (other handles, other sftp-server processes): flush() waited for all their
+        // lanes (other handles, other sftp-server processes): settle() waited for all their
         // answers, so their data is in the server's page cache, and OpenSSH's
         // fsync@openssh.com is a plain fsync(2) of the handle's descriptor, which on Linux
         // (and POSIX: "all data for the open file descriptor" is the file's) writes back every
@@ -2468,13 +2466,14 @@ impl<R: Remote> Fs<R> {
     }
 
     /// Last close: the handle goes away. Errors cannot reach the application any more (the
-    /// kernel ignores them); they were reported by flush.
+    /// kernel ignores them); the opener's close reported them, if it was the last.
     pub async fn release(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         if self.snapshots.lock().unwrap().remove(&fh).is_some() {
             return Ok(());
         }
         let file = self.file(fh)?;
-        let drained = file.drain(self).await;
+        file.settle(self).await;
+        let unreported = file.tell(Told::Opener, &[]);
         {
             let mut streams = self.streams.lock().unwrap();
             let mut files = self.files.lock().unwrap();
@@ -2496,7 +2495,10 @@ impl<R: Remote> Fs<R> {
         let mut handles = vec![file.handle().await];
         handles.extend(file.take_lanes());
         file::close_in_background(&self.remote, handles);
-        drained.map_err(|e| remote_err(Op::Close, &e, "write before close"))
+        match unreported {
+            Some((e, _)) => Err(remote_err(Op::Close, &e, "write before close")),
+            None => Ok(()),
+        }
     }
 
     /// Wait for every write in flight on every open file (before a downgrade or unmount).
@@ -2509,7 +2511,8 @@ impl<R: Remote> Fs<R> {
         };
         for f in files {
             // Left latched: the application's own close or fsync still reports it.
-            if let Err(e) = f.settle(self).await {
+            f.settle(self).await;
+            if let Some(e) = f.pending_failure() {
                 if first.is_ok() {
                     first = Err(remote_err(Op::Write, &e, "flush"));
                 }
@@ -2780,17 +2783,22 @@ impl<R: Remote> Fs<R> {
     fn with_quota(&self, mut s: StatFs) -> StatFs {
         let u = self.enforcer.quota.usage();
         let frsize = u64::from(s.frsize.max(1));
+        // (Wide arithmetic: usage may be far negative after big deletions, and the server's
+        // numbers are its own.)
+        let left = |max: u64, used: i64| {
+            u64::try_from((i128::from(max) - i128::from(used)).max(0)).unwrap_or(u64::MAX)
+        };
         if let Some(max) = u.max_bytes {
-            let left = (max as i64 - u.bytes).max(0) as u64 / frsize;
+            let left = left(max, u.bytes) / frsize;
             let base = u.base.unwrap_or(0) / frsize;
-            s.blocks = base + max / frsize;
+            s.blocks = base.saturating_add(max / frsize);
             s.bfree = s.bfree.min(left);
             s.bavail = s.bavail.min(left);
         }
         if let Some(max) = u.max_files {
-            let left = (max as i64 - u.files).max(0) as u64;
-            s.files = s.files.min(max + (s.files - s.ffree));
-            s.ffree = s.ffree.min(left);
+            let used_by_others = s.files.saturating_sub(s.ffree);
+            s.files = s.files.min(max.saturating_add(used_by_others));
+            s.ffree = s.ffree.min(left(max, u.files));
         }
         s
     }
