@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use common::mount::{
     base_args, fstypes_at, is_awcp_mounted, is_mounted, mount_status, opt_path, os, pid_alive,
-    poll_until, run_with_deadline, standard_args, status_counter, try_run_with_deadline, Launch,
-    MountFailure, TestMount, BIN, NO_CACHE,
+    pids_with_cmdline, poll_until, run_with_deadline, standard_args, status_counter,
+    try_run_with_deadline, Launch, MountFailure, TestMount, BIN, NO_CACHE,
 };
 use common::sshd::TestSshd;
 use nix::sys::signal::Signal;
@@ -3150,4 +3150,73 @@ fn fsync_and_close_report_a_failed_write_after_a_child_closed_its_copy() {
     let closed = last_os_error(unsafe { libc::close(fd) });
     assert_errno(closed, libc::EFBIG, "close after a child's close");
     assert_eq!(fs::read(m.e("big")).unwrap(), b"ok");
+}
+
+/// Mounting again where a mount was just detached while a file was still open in it
+/// (`fusermount3 -u -z`): the old process lives on until that file is closed, and still
+/// answers on the mount point's control socket. The new mount waits a moment, then takes the
+/// socket's name over, so `status` reaches the new mount, and the old process's exit does not
+/// remove the new socket. (The new mount used to run without a control socket, "Address
+/// already in use", while `status` reached the old one; the same happened for a moment after
+/// every plain unmount, while the old process was exiting.)
+#[test]
+fn remount_after_a_lazy_unmount_gets_its_own_control_socket() {
+    let sshd = TestSshd::start();
+    let first = TestMount::daemon(&sshd, &[]);
+    let mnt = first.mnt.clone();
+    let old = first.pid();
+    fs::write(first.e("f"), b"held").unwrap();
+    let held = File::open(first.p("f")).unwrap();
+    let unmount = |lazy: bool| {
+        let mut cmd = Command::new("fusermount3");
+        cmd.arg("-u");
+        if lazy {
+            cmd.arg("-z");
+        }
+        let (st, _, err) = run_with_deadline(cmd.arg(&mnt), Duration::from_secs(10));
+        assert!(st.success(), "fusermount3 -u (lazy: {lazy}): {err}");
+    };
+    unmount(true);
+    let (st, _, err) =
+        run_with_deadline(Command::new(BIN).args(&first.args), Duration::from_secs(30));
+    assert!(st.success(), "second mount: {err}");
+    let mut argv = vec![OsString::from(BIN)];
+    argv.extend(first.args.iter().cloned());
+    let new: Vec<i32> = pids_with_cmdline(&argv)
+        .into_iter()
+        .filter(|&p| p != old)
+        .collect();
+    assert_eq!(new.len(), 1, "the second mount's process: {new:?}");
+    let status_pid = || {
+        awcp_mount::control::request(&mnt, "status")
+            .map(|st| st["pid"].as_i64().unwrap_or(-1))
+            .map_err(|e| e.to_string())
+    };
+    let while_old_lives = status_pid();
+    let old_was_alive = pid_alive(old);
+    drop(held);
+    let old_exited = poll_until(Duration::from_secs(15), || !pid_alive(old));
+    let after_old_exit = status_pid();
+    // Ours to clean up: the first mount's teardown would find this one mounted.
+    unmount(false);
+    assert!(
+        poll_until(Duration::from_secs(15), || !pid_alive(new[0])),
+        "the second mount's process did not exit"
+    );
+    assert!(old_exited, "the first mount's process did not exit");
+    assert!(
+        old_was_alive,
+        "the first mount's process did not wait for its open file"
+    );
+    let new_pid = i64::from(new[0]);
+    assert_eq!(
+        while_old_lives,
+        Ok(new_pid),
+        "status while the old process lives"
+    );
+    assert_eq!(
+        after_old_exit,
+        Ok(new_pid),
+        "status after the old process exited"
+    );
 }

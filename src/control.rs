@@ -51,16 +51,34 @@ pub struct Handlers {
     pub downgrade: DowngradeFn,
 }
 
-/// Removes the socket file when the mount ends.
+/// Removes the socket file when the mount ends, if it is still this mount's.
 pub struct ControlSocket {
     path: PathBuf,
+    /// Device and inode of the socket file we bound: a mount made at the same mount point
+    /// after ours may have replaced it, and its socket must outlive our exit.
+    id: Option<(u64, u64)>,
+}
+
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 impl Drop for ControlSocket {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.path);
+        if self.id.is_some() && file_id(&self.path) == self.id {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }
+
+/// How long a new mount waits for the control socket of the mount that was at its mount point
+/// before to go away: that process is still exiting when a mount is made again at once after
+/// an unmount. After that, the new mount takes the name over (the old one was detached with
+/// files open, and nobody can reach it by its mount point any more).
+const PREDECESSOR_GRACE: Duration = Duration::from_secs(2);
 
 /// Start serving the control socket of `mountpoint` on the current tokio runtime.
 pub fn serve(mountpoint: &Path, handlers: Handlers) -> std::io::Result<ControlSocket> {
@@ -71,11 +89,19 @@ pub fn serve(mountpoint: &Path, handlers: Handlers) -> std::io::Result<ControlSo
         .create(&dir)?;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
     let path = socket_path(mountpoint);
-    // A socket left by a process that died: nobody answers on it.
-    if path.exists() && UnixStream::connect(&path).is_err() {
+    let deadline = std::time::Instant::now() + PREDECESSOR_GRACE;
+    while path.exists()
+        && UnixStream::connect(&path).is_ok()
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Left by a process that died (nobody answers on it), or by one still exiting.
+    if path.exists() {
         let _ = std::fs::remove_file(&path);
     }
     let listener = tokio::net::UnixListener::bind(&path)?;
+    let id = file_id(&path);
     let handlers = Arc::new(handlers);
     tokio::spawn(async move {
         loop {
@@ -104,7 +130,7 @@ pub fn serve(mountpoint: &Path, handlers: Handlers) -> std::io::Result<ControlSo
             });
         }
     });
-    Ok(ControlSocket { path })
+    Ok(ControlSocket { path, id })
 }
 
 /// Ask the mount at `mountpoint` (client side, blocking).
