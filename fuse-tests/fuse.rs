@@ -2889,20 +2889,27 @@ fn posix_mknod_of_a_regular_file_creates_it() {
     assert!(!m.e("fifo").exists());
 }
 
+/// The largest offset at which the kernel lets a one-byte write through (2^63-2).
+const NEAR_MAX: u64 = (1 << 63) - 2;
+
+/// `path` created (or emptied) and opened for reading and writing.
+fn create_read_write(path: &Path) -> File {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap()
+}
+
 /// A write at 2^63-2 (one byte, so the kernel lets it through) or a truncate to it: EFBIG, as
 /// on the local disk the export is on; not sftp-server's EINVAL of its seek, nor EIO. (The
 /// write is acknowledged at once, write-behind: the error comes by fsync and close.)
 #[test]
 fn posix_write_or_truncate_past_the_largest_offset_is_efbig() {
-    const NEAR_MAX: u64 = (1 << 63) - 2;
     let m = TestMount::start(&[NO_CACHE]);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(m.p("big"))
-        .unwrap();
+    let f = create_read_write(&m.p("big"));
     // The same calls on the export directly: what a local disk says.
     let local = File::options().write(true).open(m.e("big")).unwrap();
     let local_write = errno_of(local.write_at(b"x", NEAR_MAX));
@@ -3125,15 +3132,8 @@ fn one_network_worker_serves_parallel_work() {
 /// EFBIG test above get success from fsync once.
 #[test]
 fn fsync_and_close_report_a_failed_write_after_a_child_closed_its_copy() {
-    const NEAR_MAX: u64 = (1 << 63) - 2;
     let m = TestMount::start(&[NO_CACHE]);
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(m.p("big"))
-        .unwrap();
+    let f = create_read_write(&m.p("big"));
     // Answered when queued; the server refuses it.
     assert_eq!(f.write_at(b"x", NEAR_MAX).unwrap(), 1);
     let child = Command::new("/bin/true").status().unwrap();
