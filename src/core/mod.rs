@@ -2510,9 +2510,11 @@ impl<R: Remote> Fs<R> {
             None => Ok(()),
         };
         for f in files {
-            // Left latched: the application's own close or fsync still reports it.
+            // Left latched: the application's own close or fsync still reports it. (One
+            // its close was told of already is not news.)
             f.settle(self).await;
-            if let Some(e) = f.pending_failure() {
+            let news = f.failure_untold(Told::Opener);
+            if let Some(e) = f.pending_failure().filter(|_| news) {
                 if first.is_ok() {
                     first = Err(remote_err(Op::Write, &e, "flush"));
                 }
