@@ -28,8 +28,8 @@ use std::time::Duration;
 
 use common::mount::{
     base_args, fstypes_at, is_awcp_mounted, is_mounted, mount_status, opt_path, os, pid_alive,
-    pids_with_cmdline, poll_until, run_with_deadline, standard_args, status_counter,
-    try_run_with_deadline, Launch, MountFailure, TestMount, BIN, NO_CACHE,
+    poll_until, run_with_deadline, standard_args, status_counter, try_run_with_deadline, Launch,
+    MountFailure, TestMount, BIN, NO_CACHE,
 };
 use common::sshd::TestSshd;
 use nix::sys::signal::Signal;
@@ -3180,9 +3180,8 @@ fn remount_after_a_lazy_unmount_gets_its_own_control_socket() {
     let (st, _, err) =
         run_with_deadline(Command::new(BIN).args(&first.args), Duration::from_secs(30));
     assert!(st.success(), "second mount: {err}");
-    let mut argv = vec![OsString::from(BIN)];
-    argv.extend(first.args.iter().cloned());
-    let new: Vec<i32> = pids_with_cmdline(&argv)
+    let new: Vec<i32> = first
+        .same_cmdline()
         .into_iter()
         .filter(|&p| p != old)
         .collect();

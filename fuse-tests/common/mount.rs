@@ -561,7 +561,7 @@ impl TestMount {
     }
 
     /// Live processes running the binary with our arguments.
-    fn same_cmdline(&self) -> Vec<i32> {
+    pub fn same_cmdline(&self) -> Vec<i32> {
         let mut argv = vec![OsString::from(BIN)];
         argv.extend(self.args.iter().cloned());
         pids_with_cmdline(&argv)

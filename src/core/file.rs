@@ -332,8 +332,8 @@ impl<R: Remote> OpenFile<R> {
     }
 
     /// The failure `report` has not been told of yet, if any, with the end of its write; from
-    /// now on, everyone in `told` has been told of every failure so far. A failure everyone
-    /// has been told of is forgotten.
+    /// now on, everyone in `told` has been told of every failure so far (an empty `told` only
+    /// looks). A failure everyone has been told of is forgotten.
     pub fn tell(&self, report: Told, told: &[Told]) -> Option<(RemoteError, u64)> {
         let mut f = self.failures.lock().unwrap();
         let found = if f.untold(report) {
@@ -655,13 +655,11 @@ async fn writer_loop<R: Remote>(
                 // land behind the loss. A write still waiting for its answer reports the
                 // failure (and later ones go again); one answered already is reported by the
                 // close or fsync that follows, which have not been told either.
-                let refused = if done.is_some() {
-                    file.tell(Told::Writes, &[Told::Writes])
-                } else if file.failure_untold(Told::Writes) {
-                    file.pending_failure().map(|e| (e, 0))
-                } else {
-                    None
+                let told: &[Told] = match done {
+                    Some(_) => &[Told::Writes],
+                    None => &[],
                 };
+                let refused = file.tell(Told::Writes, told);
                 if let Some(failure) = refused {
                     stream.queued.fetch_sub(1, Ordering::AcqRel);
                     if let Some(done) = done {

@@ -2513,8 +2513,7 @@ impl<R: Remote> Fs<R> {
             // Left latched: the application's own close or fsync still reports it. (One
             // its close was told of already is not news.)
             f.settle(self).await;
-            let news = f.failure_untold(Told::Opener);
-            if let Some(e) = f.pending_failure().filter(|_| news) {
+            if let Some((e, _)) = f.tell(Told::Opener, &[]) {
                 if first.is_ok() {
                     first = Err(remote_err(Op::Write, &e, "flush"));
                 }

@@ -139,6 +139,22 @@ impl Harness {
         }
     }
 
+    /// `name` created for reading and writing by thread `pid` (its opener).
+    async fn create_by(&self, parent: Ino, name: &str, pid: u32) -> u64 {
+        let req = OpenRequest {
+            flags: libc::O_RDWR | libc::O_CREAT,
+            pid,
+        };
+        match self
+            .fs
+            .create(parent, OsStr::new(name), FILE_MODE, UMASK, req)
+            .await
+        {
+            Ok((_, fh)) => fh,
+            Err(e) => panic!("create {name:?} in {parent} by {pid}: {e}"),
+        }
+    }
+
     async fn mkdir(&self, parent: Ino, name: &str) -> Ino {
         match self
             .fs
@@ -1250,14 +1266,7 @@ async fn wb_a_failed_write_is_reported_by_fsync_while_a_getattr_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_a_close_does_not_use_a_failure_up_for_fsync() {
     let h = Harness::new();
-    let req = OpenRequest {
-        flags: libc::O_RDWR | libc::O_CREAT,
-        pid: 100,
-    };
-    let (_, fh) =
-        h.fs.create(ROOT, OsStr::new("f"), FILE_MODE, UMASK, req)
-            .await
-            .unwrap();
+    let fh = h.create_by(ROOT, "f", 100).await;
     for closer in [200, 100] {
         h.plan.fail_next(
             ROp::Write,
@@ -1285,14 +1294,7 @@ async fn wb_a_close_does_not_use_a_failure_up_for_fsync() {
 async fn wb_each_close_kind_and_fsync_is_told_of_a_failure_once() {
     const OPENER: u32 = 100;
     let h = Harness::new();
-    let req = OpenRequest {
-        flags: libc::O_RDWR | libc::O_CREAT,
-        pid: OPENER,
-    };
-    let (_, fh) =
-        h.fs.create(ROOT, OsStr::new("f"), FILE_MODE, UMASK, req)
-            .await
-            .unwrap();
+    let fh = h.create_by(ROOT, "f", OPENER).await;
     h.plan.fail_next(ROp::Write, 1, failure("injected"));
     assert_eq!(
         h.fs.write(fh, 0, b"lost").await.unwrap(),
@@ -1322,10 +1324,7 @@ async fn wb_each_close_kind_and_fsync_is_told_of_a_failure_once() {
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"keptx");
 
     // A failure the opener's fsync reported first is not reported again by its close.
-    let (_, fh) =
-        h.fs.create(ROOT, OsStr::new("g"), FILE_MODE, UMASK, req)
-            .await
-            .unwrap();
+    let fh = h.create_by(ROOT, "g", OPENER).await;
     h.plan.fail_next(ROp::Write, 1, failure("injected"));
     h.fs.write(fh, 0, b"lost").await.unwrap();
     assert_errno(h.fs.fsync(fh).await, libc::EIO, "fsync first");
