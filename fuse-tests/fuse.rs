@@ -2379,6 +2379,47 @@ fn reconnect_after_connection_loss() {
     assert_same_bytes(&buf, &data[3_500_000..3_550_000], "reader after two drops");
 }
 
+/// With `-o reconnect`, writes on the wire when the connection drops are sent again on the
+/// new one, in order: a program that writes through several drops and then calls fsync is
+/// told of nothing, and the server has every byte. (Before, fsync reported EIO for what the
+/// drop took with it.) Writes are answered when queued, so right after `write` returns part
+/// of it is still on its way; rounds are repeated until a drop took some (it almost always
+/// does at once), so the test is known to have tested the resend.
+#[test]
+fn reconnect_sends_again_the_writes_a_drop_took() {
+    let m = TestMount::start(&["reconnect"]);
+    const MIB: usize = 1 << 20;
+    const ROUNDS: usize = 6;
+    for attempt in 0..5 {
+        let name = format!("w{attempt}.bin");
+        let data = pattern(21 + attempt as u64, ROUNDS * MIB);
+        let f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(m.p(&name))
+            .unwrap();
+        for round in 0..ROUNDS {
+            let at = round * MIB;
+            f.write_all_at(&data[at..at + MIB], at as u64)
+                .unwrap_or_else(|e| panic!("write in round {round}: {e}; stderr: {}", m.stderr()));
+            // (The connection the last drop took may not be back yet: the writer reconnects.)
+            assert!(
+                poll_until(Duration::from_secs(20), || m.sshd().kill_connections() > 0),
+                "round {round}: no connection to kill"
+            );
+        }
+        f.sync_all()
+            .unwrap_or_else(|e| panic!("fsync after the drops: {e}; stderr: {}", m.stderr()));
+        drop(f);
+        assert_same_bytes(&fs::read(m.e(&name)).unwrap(), &data, "the server's copy");
+        if status_counter(&m.mnt, "writes_sent_again") > 0 {
+            return;
+        }
+    }
+    panic!("no drop in 5 x {ROUNDS} took a write on its way: the resend was not tested");
+}
+
 /// Regression (was a bug): with `-o reconnect`, the operation on an open file that is the
 /// first to meet the lost connection fails with EIO instead of waiting for the reconnect and
 /// reopening the file. Here the kernel asks GETATTR with the file handle before the read

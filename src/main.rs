@@ -462,6 +462,10 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             "  ahead       {} small files opened from a read-ahead, {} bytes written striped, {} unlinks answered early",
             m["opens_fetched_ahead"], m["bytes_striped"], m["unlinks_behind"]
         );
+        println!(
+            "  resent      {} writes on the wire at a connection loss, sent again",
+            m["writes_sent_again"]
+        );
         println!("  pid         {}", m["pid"]);
     }
     Ok(())

@@ -806,6 +806,7 @@ fn control_handlers(
                 "opens_fetched_ahead": stats.opens_fetched_ahead.load(Relaxed),
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),
+                "writes_sent_again": stats.writes_sent_again.load(Relaxed),
                 "open_files": status_fs.open_file_count(),
             })
         }),

@@ -38,8 +38,9 @@
 //! * errors: the answers of lane writes are latched on the descriptor like any other. A lane
 //!   whose write cannot be sent for a connection error is dropped and the chunk goes through
 //!   the descriptor's own handle (which is reopened after a reconnect); a chunk already in
-//!   flight when the connection dropped is reported, as on the primary handle. A lane that
-//!   cannot be opened (mode changed since the create, handle limit, ...) just means no striping;
+//!   flight when the connection dropped is sent again, as on the primary handle (see
+//!   *Connection loss* below). A lane that cannot be opened (mode changed since the create,
+//!   handle limit, ...) just means no striping;
 //! * memory: lanes share the file's [`WRITE_WINDOW`]. 16 MiB in flight keeps four 2 MiB
 //!   channel windows full with as much again queued (4 x 2 MiB per round trip: 400 MiB/s at
 //!   20 ms, 160 MiB/s at 50 ms, both above what one sshd and sftp-server write at loopback).
@@ -54,6 +55,16 @@
 //! they set is not moved by a write landing later): what `tar` and `cp -p` do to every file
 //! they make costs no round trip of its own. They are reported like writes: a failure comes
 //! back from the next write, `flush` or `fsync`.
+//!
+//! **Connection loss.** A write (or attribute change) on the wire when the connection drops
+//! may or may not have been done by the server. It is kept until its answer ([`Lost`]) and,
+//! if that is the loss, sent again on the new connection in the order first sent, before
+//! anything else of the file goes there ([`catch_up`]): every answer is awaited first, as for
+//! a switch of descriptor, so a later write over the same bytes still lands last and the file
+//! ends as if the drop had not happened. The writer notices the loss before sending anything
+//! new: the handle it would use is stale, or was reopened since its previous write, or a
+//! lost write is already waiting. Through an `O_APPEND` handle the server appends whatever
+//! the offset, so such a write is reported instead, as is one lost [`MAX_LOSSES`] times.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -116,6 +127,8 @@ pub struct WriteStream<R: Remote> {
     early: Arc<Semaphore>,
     /// Write jobs submitted but not yet taken by the writer task.
     queued: AtomicUsize,
+    /// What a lost connection took with it while on the wire, to be sent again ([`catch_up`]).
+    lost: Mutex<Vec<Lost<R>>>,
 }
 
 impl<R: Remote> Default for WriteStream<R> {
@@ -125,6 +138,7 @@ impl<R: Remote> Default for WriteStream<R> {
             window: Arc::new(Semaphore::new(WRITE_WINDOW as usize)),
             early: Arc::new(Semaphore::new(EARLY_ANSWER_BYTES as usize)),
             queued: AtomicUsize::new(0),
+            lost: Mutex::new(Vec::new()),
         }
     }
 }
@@ -162,9 +176,172 @@ impl<R: Remote> WriteStream<R> {
         self.writer.lock().unwrap().take();
     }
 
-    /// Wait until every write put on the wire so far has been answered.
-    async fn wait_all_answered(&self) {
-        drop(self.window.acquire_many(WRITE_WINDOW).await);
+    /// Wait until every write put on the wire so far has been answered (`held`: bytes of the
+    /// window the caller holds itself, for what it is about to send).
+    async fn wait_all_answered(&self, held: u32) {
+        drop(self.window.acquire_many(WRITE_WINDOW - held).await);
+    }
+
+    fn has_lost(&self) -> bool {
+        !self.lost.lock().unwrap().is_empty()
+    }
+
+    /// Wait for the server's answer to `sent` in the background, keeping `permit` (bytes of
+    /// the window) until it comes. A connection lost with it on the wire keeps it for
+    /// [`catch_up`] to send again; any other failure is latched on its descriptor.
+    fn answer_later(
+        self: &Arc<Self>,
+        fs: &Weak<Fs<R>>,
+        ack: crate::remote::WriteAck,
+        permit: OwnedSemaphorePermit,
+        sent: Lost<R>,
+    ) {
+        let (stream, fs) = (self.clone(), fs.clone());
+        tokio::spawn(async move {
+            if let Err(e) = ack.await {
+                if sent.may_send_again(&e) {
+                    tracing::debug!(
+                        ino = sent.file.ino,
+                        "on the wire when the connection was lost: {e}"
+                    );
+                    stream.lost.lock().unwrap().push(sent);
+                } else {
+                    sent.failed(&fs, e);
+                }
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// How often one write may be lost with a connection and sent again before its loss is
+/// reported instead (a connection that keeps dropping under it).
+const MAX_LOSSES: u8 = 3;
+
+/// A write or attribute change put on the wire, kept until its answer: if the connection is
+/// lost before that, the server may or may not have done it.
+struct Lost<R: Remote> {
+    /// The order in which the writer first sent it.
+    seq: u64,
+    file: Arc<OpenFile<R>>,
+    what: Resend,
+    /// How many connections it was lost with so far.
+    losses: u8,
+}
+
+enum Resend {
+    /// `data` at `at`.
+    Chunk {
+        at: u64,
+        data: Bytes,
+    },
+    Attrs(SetAttrs),
+}
+
+impl<R: Remote> Lost<R> {
+    /// Whether it is sent again after failing with `e`. Doing it twice leaves the file as
+    /// doing it once, as long as nothing of the file sent later lands in between, which
+    /// [`catch_up`] sees to; except through an `O_APPEND` handle, where the server appends
+    /// whatever the offset (the bytes would be there twice): that loss is reported.
+    fn may_send_again(&self, e: &RemoteError) -> bool {
+        matches!(e, RemoteError::Disconnected(_) | RemoteError::StaleHandle)
+            && !self.file.flags.append
+            && self.losses < MAX_LOSSES
+    }
+
+    /// It failed for good: the descriptor's writes, its close and fsync will be told.
+    fn failed(&self, fs: &Weak<Fs<R>>, e: RemoteError) {
+        match &self.what {
+            Resend::Chunk { at, data } => {
+                tracing::debug!(ino = self.file.ino, "write failed: {e}");
+                self.file.latch_write(e, at + data.len() as u64);
+            }
+            Resend::Attrs(_) => {
+                tracing::debug!(ino = self.file.ino, "setattr behind writes failed: {e}");
+                setattrs_failed(fs, &self.file);
+                self.file.latch(e);
+            }
+        }
+    }
+
+    /// Its share of the write window.
+    fn weight(&self) -> u32 {
+        match &self.what {
+            Resend::Chunk { data, .. } => data.len() as u32,
+            Resend::Attrs(_) => 1,
+        }
+    }
+
+    /// Put it on the wire through its descriptor's handle (reopened if need be).
+    async fn send(
+        &self,
+        fs: &Weak<Fs<R>>,
+        remote: &Arc<R>,
+    ) -> Result<crate::remote::WriteAck, RemoteError> {
+        match &self.what {
+            Resend::Chunk { at, data } => {
+                send_chunk(fs, remote, &self.file, *at, data.clone()).await
+            }
+            Resend::Attrs(attrs) => {
+                let attrs = *attrs;
+                queue_on_handle(fs, &self.file, |h| async move {
+                    remote.fsetstat_queued(&h, attrs).await
+                })
+                .await
+            }
+        }
+    }
+}
+
+/// Wait until every write of the stream on the wire has been answered; then send again what a
+/// lost connection took with it ([`Lost`]), in the order first sent, before anything else of
+/// the file goes to the new connection (a later write of the same bytes must land after it),
+/// and wait for those answers too. When the descriptor changes from one to the next, the
+/// earlier ones are answered first, as in the writer loop (descriptors may be on different
+/// channels). `held`: bytes of the window the caller holds (for what it sends next).
+async fn catch_up<R: Remote>(
+    stream: &Arc<WriteStream<R>>,
+    fs: &Weak<Fs<R>>,
+    remote: &Arc<R>,
+    held: u32,
+) {
+    loop {
+        stream.wait_all_answered(held).await;
+        let mut lost = std::mem::take(&mut *stream.lost.lock().unwrap());
+        if lost.is_empty() {
+            return;
+        }
+        lost.sort_by_key(|l| l.seq);
+        let ino = lost[0].file.ino;
+        tracing::info!(
+            ino,
+            "sending again {} write(s) a lost connection took on the wire",
+            lost.len()
+        );
+        let mut previous: Option<Arc<OpenFile<R>>> = None;
+        for mut l in lost {
+            if previous.as_ref().is_some_and(|p| !Arc::ptr_eq(p, &l.file)) {
+                stream.wait_all_answered(held).await;
+            }
+            previous = Some(l.file.clone());
+            let Ok(permit) = stream.window.clone().acquire_many_owned(l.weight()).await else {
+                return;
+            };
+            match l.send(fs, remote).await {
+                Ok(ack) => {
+                    l.losses += 1;
+                    if let Some(fs) = fs.upgrade() {
+                        fs.stats.writes_sent_again.fetch_add(1, Ordering::Relaxed);
+                    }
+                    stream.answer_later(fs, ack, permit, l);
+                }
+                Err(e) => l.failed(fs, e),
+            }
+        }
+        if let Some(fs) = fs.upgrade() {
+            // Anything fetched meanwhile may predate them.
+            fs.attrs_changed(ino, None);
+        }
     }
 }
 
@@ -492,19 +669,54 @@ async fn send_chunk<R: Remote>(
     .await
 }
 
-/// Wait for the server's answer in the background, keeping `permit` (bytes of the window)
-/// until it comes; `failed` handles a failure.
-fn on_answer(
-    ack: crate::remote::WriteAck,
-    permit: tokio::sync::OwnedSemaphorePermit,
-    failed: impl FnOnce(RemoteError) + Send + 'static,
-) {
-    tokio::spawn(async move {
-        if let Err(e) = ack.await {
-            failed(e);
+/// Put one request on the wire through `file`'s own handle, in order with what a lost
+/// connection took. `seen` is the handle version the descriptor's previous write went
+/// through: if the handle was reopened since (by a read, say), or cannot be used (the
+/// connection is lost), that write may have gone with the old connection, and it must land
+/// before this one: [`catch_up`] first, then send through the (reopened) handle. The caller
+/// holds `held` bytes of the window, for this request.
+async fn send_in_order<R, F, Fut>(
+    stream: &Arc<WriteStream<R>>,
+    fs: &Weak<Fs<R>>,
+    remote: &Arc<R>,
+    file: &Arc<OpenFile<R>>,
+    seen: &mut u64,
+    held: u32,
+    queue: F,
+) -> Result<crate::remote::WriteAck, RemoteError>
+where
+    R: Remote,
+    F: Fn(R::Handle) -> Fut,
+    Fut: std::future::Future<Output = Result<crate::remote::WriteAck, RemoteError>>,
+{
+    let (handle, version) = file.versioned_handle().await;
+    if version == *seen && !stream.has_lost() {
+        match queue(handle).await {
+            Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {}
+            r => return r,
         }
-        drop(permit);
-    });
+    }
+    catch_up(stream, fs, remote, held).await;
+    let r = queue_on_handle(fs, file, queue).await;
+    *seen = file.versioned_handle().await.1;
+    r
+}
+
+/// [`send_in_order`] for a chunk of data.
+async fn send_chunk_in_order<R: Remote>(
+    stream: &Arc<WriteStream<R>>,
+    fs: &Weak<Fs<R>>,
+    remote: &Arc<R>,
+    file: &Arc<OpenFile<R>>,
+    seen: &mut u64,
+    at: u64,
+    chunk: &Bytes,
+) -> Result<crate::remote::WriteAck, RemoteError> {
+    send_in_order(stream, fs, remote, file, seen, chunk.len() as u32, |h| {
+        let chunk = chunk.clone();
+        async move { remote.write_queued(&h, at, chunk).await }
+    })
+    .await
 }
 
 /// The lanes a striped run is spread over, in turn with the descriptor's own handle.
@@ -642,6 +854,10 @@ async fn writer_loop<R: Remote>(
     let mut striping: Option<Striping<R::Handle>> = None;
     // The bytes that may still be in flight on lanes (none once every answer is in).
     let mut lane_span: Option<(u64, u64)> = None;
+    // The version of `last`'s handle its previous write went through (see `send_in_order`).
+    let mut seen = 0u64;
+    // Everything put on the wire is numbered, for the order of sending it again.
+    let mut seq = 0u64;
     while let Some(job) = rx.recv().await {
         match job {
             WriteJob::Data {
@@ -674,10 +890,11 @@ async fn writer_loop<R: Remote>(
                     if last.is_some() {
                         // Another descriptor, maybe another channel: let the earlier writes
                         // land (on whatever lanes they went).
-                        stream.wait_all_answered().await;
+                        catch_up(&stream, &fs, &remote, 0).await;
                         lane_span = None;
                     }
                     last = Some(Arc::downgrade(&file));
+                    seen = file.versioned_handle().await.1;
                     striping = None;
                     run_len = 0;
                 }
@@ -689,15 +906,17 @@ async fn writer_loop<R: Remote>(
                     if lane_span.is_some_and(|(a, b)| offset < b && a < offset + len) {
                         // It overlaps a chunk that may be in flight on a lane, which the
                         // handle it goes through would not keep it behind.
-                        stream.wait_all_answered().await;
+                        catch_up(&stream, &fs, &remote, 0).await;
                         lane_span = None;
                     }
                 }
                 if striping.is_none() && run_len >= STRIPE_AFTER && file.may_stripe() {
                     // Before a chunk goes on a lane, everything earlier must have landed: it
                     // could overlap.
-                    let ((), lanes) =
-                        tokio::join!(stream.wait_all_answered(), lanes_for(&fs, &remote, &file));
+                    let ((), lanes) = tokio::join!(
+                        catch_up(&stream, &fs, &remote, 0),
+                        lanes_for(&fs, &remote, &file)
+                    );
                     lane_span = None;
                     if lanes.is_empty() {
                         // Count again (a later run may find lanes: after a reconnect).
@@ -734,22 +953,31 @@ async fn writer_loop<R: Remote>(
                             }
                             Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
                                 // Never sent: the lanes went with the connection. The
-                                // descriptor's own handle is reopened by send_chunk.
+                                // descriptor's own handle is reopened.
                                 striping = None;
                                 drop_lanes(&remote, &file);
-                                send_chunk(&fs, &remote, &file, at, chunk).await
+                                send_chunk_in_order(
+                                    &stream, &fs, &remote, &file, &mut seen, at, &chunk,
+                                )
+                                .await
                             }
                             Err(e) => Err(e),
                         },
-                        None => send_chunk(&fs, &remote, &file, at, chunk).await,
+                        None => {
+                            send_chunk_in_order(&stream, &fs, &remote, &file, &mut seen, at, &chunk)
+                                .await
+                        }
                     };
+                    seq += 1;
                     match sent {
                         Ok(ack) => {
-                            let file = file.clone();
-                            on_answer(ack, permit, move |e| {
-                                tracing::debug!(ino = file.ino, "write failed: {e}");
-                                file.latch_write(e, end);
-                            });
+                            let sent = Lost {
+                                seq,
+                                file: file.clone(),
+                                what: Resend::Chunk { at, data: chunk },
+                                losses: 0,
+                            };
+                            stream.answer_later(&fs, ack, permit, sent);
                         }
                         Err(e) => {
                             file.latch_write(e, end);
@@ -783,11 +1011,12 @@ async fn writer_loop<R: Remote>(
                 if (last.is_some() && !same) || lane_span.is_some() {
                     // Writes through another descriptor, or on lanes, could land after it
                     // (and move the mtime it sets): let them land first.
-                    stream.wait_all_answered().await;
+                    catch_up(&stream, &fs, &remote, 0).await;
                     lane_span = None;
                 }
                 if !same {
                     last = Some(Arc::downgrade(&file));
+                    seen = file.versioned_handle().await.1;
                     striping = None;
                     run_len = 0;
                 }
@@ -795,23 +1024,21 @@ async fn writer_loop<R: Remote>(
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
                     // Never sent (the handle went with a lost connection): as a write, sent
                     // again through the reopened handle.
-                    let sent = queue_on_handle(&fs, &file, |h| {
+                    let sent = send_in_order(&stream, &fs, &remote, &file, &mut seen, 1, |h| {
                         let remote = &remote;
                         async move { remote.fsetstat_queued(&h, attrs).await }
                     })
                     .await;
+                    seq += 1;
                     match sent {
                         Ok(ack) => {
-                            let file = file.clone();
-                            let fs = fs.clone();
-                            on_answer(ack, permit, move |e| {
-                                tracing::debug!(
-                                    ino = file.ino,
-                                    "setattr behind writes failed: {e}"
-                                );
-                                setattrs_failed(&fs, &file);
-                                file.latch(e);
-                            });
+                            let sent = Lost {
+                                seq,
+                                file: file.clone(),
+                                what: Resend::Attrs(attrs),
+                                losses: 0,
+                            };
+                            stream.answer_later(&fs, ack, permit, sent);
                         }
                         Err(e) => {
                             setattrs_failed(&fs, &file);
@@ -822,7 +1049,7 @@ async fn writer_loop<R: Remote>(
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
             }
             WriteJob::Barrier { done } => {
-                stream.wait_all_answered().await;
+                catch_up(&stream, &fs, &remote, 0).await;
                 // Nothing in flight: a striped run may go on striping without waiting.
                 lane_span = None;
                 let _ = done.send(());

@@ -163,6 +163,9 @@ pub struct Stats {
     pub opens_fetched_ahead: AtomicU64,
     /// Unlinks answered before the server's answer (see `remove_behind`).
     pub unlinks_behind: AtomicU64,
+    /// Writes (and attribute changes behind them) on the wire when the connection was lost,
+    /// sent again on the new one (see `file::catch_up`).
+    pub writes_sent_again: AtomicU64,
 }
 
 /// How many subdirectory listings may wait to be prefetched, for the whole mount. Past that,

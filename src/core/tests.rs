@@ -1091,24 +1091,29 @@ async fn wb_write_failure_is_reported_by_the_next_flush() {
     h.fs.flush(fh).await.unwrap();
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"goodmore");
 
-    // A failure followed by more writes: once the failure is known (a getattr waits for the
-    // writes before it), every later write is refused, and flush reports it. (A write
-    // answered when queued, before the failure came back, is not sent after it.)
+    // A failure followed by more writes. A write answered when queued, before the failure
+    // came back, is not sent after it. The descriptor's writes are told of it once: the
+    // first that waits for the writer once it is back (2222 if it was back by then; else
+    // 3333, after the getattr that waits for the writes before it). Flush is told too.
     h.plan.fail_next(ROp::Write, 1, failure("injected"));
-    let _ = h.fs.write(fh, 8, b"1111").await;
-    let _ = h.fs.write(fh, 12, b"2222").await;
+    let w1 = h.fs.write(fh, 8, b"1111").await;
+    let w2 = h.fs.write(fh, 12, b"2222").await;
     let _ = h.fs.getattr(f, Some(fh)).await;
     let w3 = h.fs.write(fh, 16, b"3333").await;
     assert!(
-        w3.is_err(),
-        "a write queued after a latched failure was acknowledged"
+        w1.is_err() || w2.is_err() || w3.is_err(),
+        "no write after a failed write was told of it"
     );
     assert!(h.fs.flush(fh).await.is_err(), "flush after a failed write");
-    assert_eq!(
-        std::fs::read(h.disk("f")).unwrap(),
-        b"goodmore",
-        "writes queued behind a failed write were sent after it"
+    let disk = std::fs::read(h.disk("f")).unwrap();
+    assert_eq!(&disk[..8], b"goodmore");
+    assert!(
+        disk[8..disk.len().min(16)].iter().all(|&b| b == 0),
+        "writes queued behind a failed write were sent after it: {disk:?}"
     );
+    if w3.is_err() {
+        assert_eq!(disk, b"goodmore", "a refused write landed");
+    }
 
     // fsync reports it too.
     h.plan.fail_next(ROp::Write, 1, failure("injected"));
@@ -1771,6 +1776,85 @@ async fn reconnect_write_in_flight_at_disconnect_is_reported_at_flush() {
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"onetwothree");
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
+/// Wait (boundedly) until the connection of `h` has dropped.
+async fn until_disconnected(h: &Harness) {
+    for _ in 0..5000 {
+        if h.plan.is_disconnected() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the connection never dropped");
+}
+
+/// A write on the wire when the connection drops (the server did it, its answer was lost) is
+/// sent again on the new connection, before a later write over the same bytes: nothing is
+/// reported, and the later write is what the file holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_write_in_flight_at_disconnect_is_sent_again_in_order() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"one").await;
+    h.fs.flush(fh).await.unwrap();
+    h.plan.disconnect_after_next(ROp::Write);
+    // Answered when queued; the writer sends it, the server does it, the answer is lost.
+    h.write(fh, 3, b"two").await;
+    until_disconnected(&h).await;
+    h.plan.restore();
+    h.write(fh, 3, b"TWO").await;
+    h.fs.flush(fh)
+        .await
+        .expect("a write sent again is not a failure");
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"oneTWO");
+    assert_eq!(h.fs.stats.writes_sent_again.load(Ordering::Relaxed), 1);
+    h.fs.fsync(fh)
+        .await
+        .expect("nothing to report to fsync either");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
+/// The same with nothing written after it: the barrier of the flush sends it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_write_in_flight_at_disconnect_is_sent_again_by_a_flush() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan.disconnect_after_next(ROp::Write);
+    h.write(fh, 0, b"only").await;
+    until_disconnected(&h).await;
+    // Someone changes the bytes on the server meanwhile; sending again puts ours back, as
+    // the write landing late would have.
+    std::fs::write(h.disk("f"), b"XXXX").unwrap();
+    h.plan.restore();
+    h.fs.flush(fh)
+        .await
+        .expect("a write sent again is not a failure");
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"only");
+    h.fs.release(fh).await.unwrap();
+}
+
+/// Through an O_APPEND handle the server appends whatever the offset: a write on the wire
+/// at the drop is reported, not sent again (its bytes would be there twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_append_in_flight_at_disconnect_is_reported_not_repeated() {
+    let h = Harness::new();
+    std::fs::write(h.disk("log"), b"head").unwrap();
+    let f = h.lookup(ROOT, "log").await;
+    let fh = h.open(f, libc::O_WRONLY | libc::O_APPEND).await;
+    h.plan.disconnect_after_next(ROp::Write);
+    let w = h.fs.write(fh, 4, b"tail").await;
+    until_disconnected(&h).await;
+    h.plan.restore();
+    let flushed = h.fs.flush(fh).await;
+    assert!(
+        w.is_err() || flushed.is_err(),
+        "an append lost with the connection went unreported"
+    );
+    assert_eq!(std::fs::read(h.disk("log")).unwrap(), b"headtail");
+    assert_eq!(h.fs.stats.writes_sent_again.load(Ordering::Relaxed), 0);
+    h.fs.release(fh).await.ok();
 }
 
 /// A write still waiting to be sent when the connection drops (and that was therefore never

@@ -693,11 +693,28 @@ impl SftpRemote {
 
     /// For requests that may safely be repeated: retry once on a fresh connection.
     async fn idempotent_request(&self, req: &Request<'_>) -> RemoteResult<Response> {
+        self.once_more(true, || self.path_request(req)).await
+    }
+
+    /// Run `attempt`, and once more on a fresh connection if the connection dropped under it
+    /// and `repeatable`: doing it twice leaves the server as doing it once (a stat, setting
+    /// absolute attributes, an open that does not insist on creating). Without this an
+    /// operation that happened to be in flight at the drop would fail with EIO although
+    /// `reconnect` was asked for; one that is not repeatable (a rename, an exclusive create,
+    /// a write) is reported instead, as its outcome is unknown.
+    async fn once_more<T, F, Fut>(&self, repeatable: bool, attempt: F) -> RemoteResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = RemoteResult<T>>,
+    {
         let before = self.inner.current().generation;
-        match self.path_request(req).await {
-            Err(RemoteError::Disconnected(_)) if self.inner.cfg.reconnect.enabled => {
+        match attempt().await {
+            // (StaleHandle: a handle it had just opened went with the connection.)
+            Err(RemoteError::Disconnected(_) | RemoteError::StaleHandle)
+                if repeatable && self.inner.cfg.reconnect.enabled =>
+            {
                 self.await_connection_change(before).await;
-                self.path_request(req).await
+                attempt().await
             }
             r => r,
         }
@@ -743,6 +760,43 @@ impl SftpRemote {
         })
     }
 
+    /// OPEN and LSTAT of what it opened, as one attempt of [`Remote::open_stat`].
+    async fn open_stat_once(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+        perm: u32,
+    ) -> RemoteResult<(SftpHandle, Attrs)> {
+        // One channel serves its requests in order, so an LSTAT queued right behind the OPEN
+        // sees the file the OPEN created: two requests, one round trip.
+        let c = self.inner.conn().await?;
+        let ch = Self::channel_index(&c, c.pick());
+        let open = open_request(path, flags, perm);
+        let opened = c.channels[ch].send(&open).await?;
+        let stat = c.channels[ch].send(&Request::Lstat { path }).await;
+        let raw = expect_handle(open.name(), opened.wait().await?)?;
+        let handle = SftpHandle {
+            raw,
+            channel: ch,
+            generation: c.generation,
+        };
+        let attrs = match stat {
+            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
+            Err(e) => Err(e),
+        };
+        match attrs {
+            Ok(a) => Ok((handle, a)),
+            // The path was replaced in between (or is a link): ask the handle itself.
+            Err(_) => match self.fstat(&handle).await {
+                Ok(a) => Ok((handle, a)),
+                Err(e) => {
+                    let _ = self.close(&handle).await;
+                    Err(e)
+                }
+            },
+        }
+    }
+
     fn channel_index(c: &Connection, ch: &SftpChannel) -> usize {
         c.channels
             .iter()
@@ -781,16 +835,22 @@ impl Remote for SftpRemote {
     }
 
     async fn setstat(&self, path: &Path, attrs: SetAttrs) -> RemoteResult<()> {
-        let r = self.path_request(&Request::Setstat { path, attrs }).await?;
+        let r = self
+            .idempotent_request(&Request::Setstat { path, attrs })
+            .await?;
         expect_ok("SETSTAT", r)
     }
 
     async fn lsetstat(&self, path: &Path, attrs: SetAttrs) -> RemoteResult<()> {
-        let c = self.inner.conn().await?;
-        if !c.ext.lsetstat {
-            return Err(RemoteError::Unsupported(codec::EXT_LSETSTAT));
-        }
-        let r = c.pick().request(&Request::Lsetstat { path, attrs }).await?;
+        let r = self
+            .once_more(true, || async {
+                let c = self.inner.conn().await?;
+                if !c.ext.lsetstat {
+                    return Err(RemoteError::Unsupported(codec::EXT_LSETSTAT));
+                }
+                c.pick().request(&Request::Lsetstat { path, attrs }).await
+            })
+            .await?;
         expect_ok(codec::EXT_LSETSTAT, r)
     }
 
@@ -823,9 +883,13 @@ impl Remote for SftpRemote {
     }
 
     async fn open(&self, path: &Path, flags: OpenFlags, perm: u32) -> RemoteResult<SftpHandle> {
-        let c = self.inner.conn().await?;
-        let ch = Self::channel_index(&c, c.pick());
-        self.open_on(&c, ch, &open_request(path, flags, perm)).await
+        let req = open_request(path, flags, perm);
+        self.once_more(!flags.exclusive, || async {
+            let c = self.inner.conn().await?;
+            let ch = Self::channel_index(&c, c.pick());
+            self.open_on(&c, ch, &req).await
+        })
+        .await
     }
 
     /// On the `n` least loaded channels other than `beside`'s, of its connection.
@@ -874,34 +938,8 @@ impl Remote for SftpRemote {
         flags: OpenFlags,
         perm: u32,
     ) -> RemoteResult<(SftpHandle, Attrs)> {
-        // One channel serves its requests in order, so an LSTAT queued right behind the OPEN
-        // sees the file the OPEN created: two requests, one round trip.
-        let c = self.inner.conn().await?;
-        let ch = Self::channel_index(&c, c.pick());
-        let open = open_request(path, flags, perm);
-        let opened = c.channels[ch].send(&open).await?;
-        let stat = c.channels[ch].send(&Request::Lstat { path }).await;
-        let raw = expect_handle(open.name(), opened.wait().await?)?;
-        let handle = SftpHandle {
-            raw,
-            channel: ch,
-            generation: c.generation,
-        };
-        let attrs = match stat {
-            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
-            Err(e) => Err(e),
-        };
-        match attrs {
-            Ok(a) => Ok((handle, a)),
-            // The path was replaced in between (or is a link): ask the handle itself.
-            Err(_) => match self.fstat(&handle).await {
-                Ok(a) => Ok((handle, a)),
-                Err(e) => {
-                    let _ = self.close(&handle).await;
-                    Err(e)
-                }
-            },
-        }
+        self.once_more(!flags.exclusive, || self.open_stat_once(path, flags, perm))
+            .await
     }
 
     async fn read(&self, handle: &SftpHandle, offset: u64, len: u32) -> RemoteResult<Bytes> {
