@@ -19,7 +19,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::ffi::{CString, OsString};
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read, Seek, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -2693,7 +2694,6 @@ fn mmap_read_and_shared_write() {
     // SAFETY: a fresh mapping of LEN bytes of an open file, unmapped below; the file is not
     // truncated meanwhile.
     unsafe {
-        use std::os::fd::AsRawFd;
         let p = libc::mmap(
             std::ptr::null_mut(),
             LEN,
@@ -2718,7 +2718,6 @@ fn mmap_read_and_shared_write() {
     let mut want = data.clone();
     // SAFETY: as above; writes stay inside the mapping.
     unsafe {
-        use std::os::fd::AsRawFd;
         let p = libc::mmap(
             std::ptr::null_mut(),
             LEN,
@@ -3259,4 +3258,280 @@ fn remount_after_a_lazy_unmount_gets_its_own_control_socket() {
         Ok(new_pid),
         "status after the old process exited"
     );
+}
+
+// ------------------------------------------------------------------ model check (fsx)
+
+/// xorshift64*: the random operations of [`fsx_random_operations_match_a_model`].
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// In `0..n` (n > 0).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// One run of fsx-style operations on one file through several descriptors, a hard link,
+/// `O_APPEND` and `O_TRUNC` opens, `mmap`, `copy_file_range` and `posix_fallocate`, each
+/// checked against an in-memory model of the file; at the end, after fsync, the server's
+/// copy must equal the model too. This is what catches a cache or write-behind that loses,
+/// reorders or hides a change (sshfs fails it within a few hundred operations: it caches by
+/// path, so a write through the link is not seen through the other name).
+fn fsx_run(m: &TestMount, seed: u64, ops: usize) {
+    const MAX_LEN: usize = 256 * 1024;
+    let name = format!("fsx{seed}");
+    let (path, link) = (m.p(&name), m.p(format!("{name}.lnk")));
+    let src_data = pattern(seed + 1000, 100_000);
+    fs::write(m.p(format!("{name}.src")), &src_data).unwrap();
+    let src = File::open(m.p(format!("{name}.src"))).unwrap();
+    let rw = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .unwrap()
+    };
+    let mut fds = vec![OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap()];
+    fs::hard_link(&path, &link).unwrap();
+    let mut model: Vec<u8> = Vec::new();
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut log: Vec<String> = Vec::new();
+    let check = |log: &[String], got: &[u8], off: usize, model: &[u8]| {
+        let want = &model[off.min(model.len())..(off + got.len()).min(model.len())];
+        if got != want {
+            let tail = log[log.len().saturating_sub(12)..].join("\n  ");
+            assert_same_bytes(got, want, &format!("seed {seed}, after:\n  {tail}\n"));
+        }
+    };
+    let put = |model: &mut Vec<u8>, off: usize, data: &[u8]| {
+        if model.len() < off + data.len() {
+            model.resize(off + data.len(), 0);
+        }
+        model[off..off + data.len()].copy_from_slice(data);
+    };
+    for n in 0..ops {
+        let fd = rng.below(fds.len());
+        let size = model.len();
+        let fill = pattern(seed * 1_000_003 + n as u64, 70_000);
+        match rng.below(100) {
+            0..=24 => {
+                let off = rng.below(MAX_LEN);
+                let len = (1 + rng.below(40_000)).min(MAX_LEN - off);
+                log.push(format!("write fd{fd} {off}+{len}"));
+                fds[fd].write_all_at(&fill[..len], off as u64).unwrap();
+                put(&mut model, off, &fill[..len]);
+            }
+            25..=49 => {
+                let off = rng.below(size + 5000);
+                let len = 1 + rng.below(70_000);
+                log.push(format!("read fd{fd} {off}+{len} (size {size})"));
+                let mut buf = vec![0u8; len];
+                let mut got = 0;
+                while got < len {
+                    match fds[fd]
+                        .read_at(&mut buf[got..], (off + got) as u64)
+                        .unwrap()
+                    {
+                        0 => break,
+                        k => got += k,
+                    }
+                }
+                check(&log, &buf[..got], off, &model);
+                assert_eq!(
+                    got,
+                    len.min(size.saturating_sub(off)),
+                    "read length; {log:?}"
+                );
+            }
+            50..=53 => {
+                let len = rng.below(MAX_LEN);
+                log.push(format!("ftruncate fd{fd} {len} (was {size})"));
+                fds[fd].set_len(len as u64).unwrap();
+                model.resize(len, 0);
+            }
+            54..=57 => {
+                let len = rng.below(MAX_LEN);
+                log.push(format!("truncate {len} (was {size})"));
+                let c = CString::new(path.as_os_str().as_bytes()).unwrap();
+                assert_eq!(unsafe { libc::truncate(c.as_ptr(), len as libc::off_t) }, 0);
+                model.resize(len, 0);
+            }
+            58..=65 if size > 0 => {
+                let write = rng.below(2) == 0;
+                let off = rng.below(size);
+                let len = 1 + rng.below(40_000.min(size - off));
+                let page = 4096;
+                let start = off / page * page;
+                let map_len = off + len - start;
+                log.push(format!(
+                    "mmap {} fd{fd} {off}+{len} (size {size})",
+                    if write { "write" } else { "read" }
+                ));
+                let raw = fds[fd].as_raw_fd();
+                unsafe {
+                    let p = libc::mmap(
+                        std::ptr::null_mut(),
+                        map_len,
+                        libc::PROT_READ | libc::PROT_WRITE,
+                        libc::MAP_SHARED,
+                        raw,
+                        start as libc::off_t,
+                    );
+                    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+                    let view = std::slice::from_raw_parts_mut(p as *mut u8, map_len);
+                    if write {
+                        view[off - start..].copy_from_slice(&fill[..len]);
+                        if rng.below(2) == 0 {
+                            assert_eq!(libc::msync(p, map_len, libc::MS_SYNC), 0);
+                        }
+                    } else {
+                        check(&log, &view[off - start..], off, &model);
+                    }
+                    libc::munmap(p, map_len);
+                }
+                if write {
+                    put(&mut model, off, &fill[..len]);
+                }
+            }
+            66..=71 => {
+                if fds.len() > 1 && rng.below(2) == 0 {
+                    log.push(format!("close fd{fd}"));
+                    fds.remove(fd);
+                } else {
+                    log.push(format!("open fd{}", fds.len()));
+                    fds.push(rw());
+                }
+            }
+            72..=74 => {
+                log.push(format!("fsync fd{fd}"));
+                fds[fd].sync_all().unwrap();
+            }
+            75..=79 => {
+                log.push(format!("fstat fd{fd} (size {size})"));
+                assert_eq!(
+                    fds[fd].metadata().unwrap().len(),
+                    size as u64,
+                    "fstat; {log:?}"
+                );
+                assert_eq!(
+                    fs::metadata(&path).unwrap().len(),
+                    size as u64,
+                    "stat; {log:?}"
+                );
+            }
+            80..=83 if size + 20_000 <= MAX_LEN => {
+                let len = 1 + rng.below(20_000);
+                log.push(format!("append {len} (size {size})"));
+                let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+                f.write_all(&fill[..len]).unwrap();
+                model.extend_from_slice(&fill[..len]);
+            }
+            84..=88 => {
+                let off = rng.below(size + 5000);
+                let len = 1 + rng.below(70_000);
+                log.push(format!("read through the link {off}+{len} (size {size})"));
+                let mut buf = Vec::new();
+                let mut f = File::open(&link).unwrap();
+                f.seek(io::SeekFrom::Start(off as u64)).unwrap();
+                f.take(len as u64).read_to_end(&mut buf).unwrap();
+                check(&log, &buf, off, &model);
+            }
+            89..=93 => {
+                let off = rng.below(MAX_LEN);
+                let len = (1 + rng.below(30_000)).min(MAX_LEN - off);
+                log.push(format!("write through the link {off}+{len}"));
+                let f = OpenOptions::new().write(true).open(&link).unwrap();
+                f.write_all_at(&fill[..len], off as u64).unwrap();
+                put(&mut model, off, &fill[..len]);
+            }
+            94 => {
+                log.push(format!("open O_TRUNC (was {size})"));
+                OpenOptions::new()
+                    .write(true)
+                    .truncate(true)
+                    .open(&path)
+                    .unwrap();
+                model.clear();
+            }
+            95..=97 => {
+                let soff = rng.below(90_000);
+                let len = 1 + rng.below(100_000 - soff - 1);
+                let off = rng.below(MAX_LEN - len);
+                log.push(format!("copy_file_range {soff}+{len} -> fd{fd} {off}"));
+                let mut done = 0;
+                while done < len {
+                    let (mut so, mut o) = ((soff + done) as i64, (off + done) as i64);
+                    let k = unsafe {
+                        libc::copy_file_range(
+                            src.as_raw_fd(),
+                            &mut so,
+                            fds[fd].as_raw_fd(),
+                            &mut o,
+                            len - done,
+                            0,
+                        )
+                    };
+                    assert!(
+                        k > 0,
+                        "copy_file_range: {}; {log:?}",
+                        io::Error::last_os_error()
+                    );
+                    done += k as usize;
+                }
+                put(&mut model, off, &src_data[soff..soff + len]);
+            }
+            98..=99 => {
+                let off = rng.below(MAX_LEN - 1);
+                let len = 1 + rng.below(MAX_LEN - off - 1);
+                log.push(format!("posix_fallocate fd{fd} {off}+{len} (size {size})"));
+                let rc =
+                    unsafe { libc::posix_fallocate(fds[fd].as_raw_fd(), off as i64, len as i64) };
+                match rc {
+                    0 if model.len() < off + len => model.resize(off + len, 0),
+                    0 | libc::EOPNOTSUPP => {}
+                    e => panic!("posix_fallocate: {}", io::Error::from_raw_os_error(e)),
+                }
+            }
+            _ => {}
+        }
+    }
+    for f in &fds {
+        f.sync_all().unwrap();
+    }
+    drop(fds);
+    assert_same_bytes(
+        &fs::read(&path).unwrap(),
+        &model,
+        &format!("seed {seed}: the file at the end"),
+    );
+    assert_same_bytes(
+        &fs::read(m.e(&name)).unwrap(),
+        &model,
+        &format!("seed {seed}: the server's copy at the end"),
+    );
+}
+
+/// fsx-style model check on the default mount (caches on), and with every cache off: two
+/// runs of 3,000 random operations each (see [`fsx_run`]).
+#[test]
+fn fsx_random_operations_match_a_model() {
+    let m = TestMount::start(&[]);
+    fsx_run(&m, 1, 3000);
+    fsx_run(&m, 2, 3000);
+    let m = TestMount::start(&[NO_CACHE]);
+    fsx_run(&m, 3, 3000);
 }
