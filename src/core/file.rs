@@ -144,10 +144,12 @@ impl<R: Remote> Default for WriteStream<R> {
 }
 
 impl<R: Remote> WriteStream<R> {
-    /// Whether writes are queued or in flight.
+    /// Whether writes are queued, in flight, or lost with a connection and not yet sent
+    /// again (a read must wait for those too: the server may not have them).
     pub fn pending(&self) -> bool {
         self.queued.load(Ordering::Acquire) > 0
             || self.window.available_permits() < WRITE_WINDOW as usize
+            || self.has_lost()
     }
 
     /// Queue a job for the writer task, starting the task on first use.

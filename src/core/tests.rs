@@ -1835,6 +1835,29 @@ async fn reconnect_write_in_flight_at_disconnect_is_sent_again_by_a_flush() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// A read (here through another descriptor) waits until the writes a lost connection took
+/// are sent again: as far as the mount's users know they are the file's content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_a_read_waits_for_the_writes_to_be_sent_again() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"old!").await;
+    h.fs.flush(fh).await.unwrap();
+    h.plan.disconnect_after_next(ROp::Write);
+    h.write(fh, 0, b"new!").await;
+    until_disconnected(&h).await;
+    // As if the server had not done it: only sending it again can make the read right. (Let
+    // its lost answer come back first, so that nothing is in flight any more.)
+    std::fs::write(h.disk("f"), b"old!").unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.plan.restore();
+    let other = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(h.read(other, 0, 4).await, b"new!");
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"new!");
+    h.fs.release(other).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
 /// Through an O_APPEND handle the server appends whatever the offset: a write on the wire
 /// at the drop is reported, not sent again (its bytes would be there twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
