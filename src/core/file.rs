@@ -112,6 +112,8 @@ pub(crate) enum WriteJob<R: Remote> {
     },
     /// Answered once every earlier write has been answered.
     Barrier { done: oneshot::Sender<()> },
+    /// Send again what a lost connection took, once there is a connection (see `nudge`).
+    CatchUp,
     /// Change attributes through `file`'s handle, after the writes before it.
     SetAttrs {
         file: Arc<OpenFile<R>>,
@@ -129,6 +131,8 @@ pub struct WriteStream<R: Remote> {
     queued: AtomicUsize,
     /// What a lost connection took with it while on the wire, to be sent again ([`catch_up`]).
     lost: Mutex<Vec<Lost<R>>>,
+    /// [`catch_up`]s running: what they took from `lost` may be neither there nor in flight.
+    catching_up: AtomicUsize,
 }
 
 impl<R: Remote> Default for WriteStream<R> {
@@ -139,6 +143,7 @@ impl<R: Remote> Default for WriteStream<R> {
             early: Arc::new(Semaphore::new(EARLY_ANSWER_BYTES as usize)),
             queued: AtomicUsize::new(0),
             lost: Mutex::new(Vec::new()),
+            catching_up: AtomicUsize::new(0),
         }
     }
 }
@@ -150,6 +155,7 @@ impl<R: Remote> WriteStream<R> {
         self.queued.load(Ordering::Acquire) > 0
             || self.window.available_permits() < WRITE_WINDOW as usize
             || self.has_lost()
+            || self.catching_up.load(Ordering::Acquire) > 0
     }
 
     /// Queue a job for the writer task, starting the task on first use.
@@ -161,7 +167,7 @@ impl<R: Remote> WriteStream<R> {
                 .spawn(writer_loop(self.clone(), Arc::downgrade(fs), rx));
             *writer = Some(tx);
         }
-        let is_data = !matches!(job, WriteJob::Barrier { .. });
+        let is_data = !matches!(job, WriteJob::Barrier { .. } | WriteJob::CatchUp);
         if is_data {
             self.queued.fetch_add(1, Ordering::AcqRel);
         }
@@ -188,6 +194,13 @@ impl<R: Remote> WriteStream<R> {
         !self.lost.lock().unwrap().is_empty()
     }
 
+    /// Have the writer task send again what was lost, if it runs.
+    fn nudge(&self) {
+        if let Some(tx) = self.writer.lock().unwrap().as_ref() {
+            let _ = tx.send(WriteJob::CatchUp);
+        }
+    }
+
     /// Wait for the server's answer to `sent` in the background, keeping `permit` (bytes of
     /// the window) until it comes. A connection lost with it on the wire keeps it for
     /// [`catch_up`] to send again; any other failure is latched on its descriptor.
@@ -206,7 +219,16 @@ impl<R: Remote> WriteStream<R> {
                         ino = sent.file.ino,
                         "on the wire when the connection was lost: {e}"
                     );
-                    stream.lost.lock().unwrap().push(sent);
+                    let first = {
+                        let mut lost = stream.lost.lock().unwrap();
+                        lost.push(sent);
+                        lost.len() == 1
+                    };
+                    if first {
+                        // Sent again as soon as there is a connection, not only when the
+                        // file is next written, read or closed: it is acknowledged data.
+                        stream.nudge();
+                    }
                 } else {
                     sent.failed(&fs, e);
                 }
@@ -274,23 +296,15 @@ impl<R: Remote> Lost<R> {
         }
     }
 
-    /// Put it on the wire through its descriptor's handle (reopened if need be).
-    async fn send(
+    /// Put it on the wire through handle `h` of its descriptor.
+    async fn send_on(
         &self,
-        fs: &Weak<Fs<R>>,
         remote: &Arc<R>,
+        h: R::Handle,
     ) -> Result<crate::remote::WriteAck, RemoteError> {
         match &self.what {
-            Resend::Chunk { at, data } => {
-                send_chunk(fs, remote, &self.file, *at, data.clone()).await
-            }
-            Resend::Attrs(attrs) => {
-                let attrs = *attrs;
-                queue_on_handle(fs, &self.file, |h| async move {
-                    remote.fsetstat_queued(&h, attrs).await
-                })
-                .await
-            }
+            Resend::Chunk { at, data } => remote.write_queued(&h, *at, data.clone()).await,
+            Resend::Attrs(attrs) => remote.fsetstat_queued(&h, *attrs).await,
         }
     }
 }
@@ -301,12 +315,25 @@ impl<R: Remote> Lost<R> {
 /// and wait for those answers too. When the descriptor changes from one to the next, the
 /// earlier ones are answered first, as in the writer loop (descriptors may be on different
 /// channels). `held`: bytes of the window the caller holds (for what it sends next).
+///
+/// The connection may be lost again while they are sent. Only the first send after a wait
+/// for every answer may reopen the handle; once something is on the wire, a send that finds
+/// the handle stale or reopened, or anything lost again, means that what is on the wire may
+/// be lost too and not known yet: the rest goes back, and it starts over from the earliest
+/// once every answer is in. (Each is sent at most [`MAX_LOSSES`] times.)
+///
+/// Without a connection (its reopen fails) they fail, and their writes, close and fsync are
+/// told; unless `patient` (nobody waits: the writer was only nudged when the loss came back):
+/// then they stay, for the next write, read or close of the file.
 async fn catch_up<R: Remote>(
     stream: &Arc<WriteStream<R>>,
     fs: &Weak<Fs<R>>,
     remote: &Arc<R>,
     held: u32,
+    patient: bool,
 ) {
+    stream.catching_up.fetch_add(1, Ordering::AcqRel);
+    let _done = CatchingUp(&stream.catching_up);
     loop {
         stream.wait_all_answered(held).await;
         let mut lost = std::mem::take(&mut *stream.lost.lock().unwrap());
@@ -320,22 +347,51 @@ async fn catch_up<R: Remote>(
             "sending again {} write(s) a lost connection took on the wire",
             lost.len()
         );
-        let mut previous: Option<Arc<OpenFile<R>>> = None;
-        for mut l in lost {
-            if previous.as_ref().is_some_and(|p| !Arc::ptr_eq(p, &l.file)) {
+        // The descriptor and handle version of what was sent since the last wait.
+        let mut on_wire: Option<(Arc<OpenFile<R>>, u64)> = None;
+        let mut rest = lost.into_iter();
+        while let Some(mut l) = rest.next() {
+            if on_wire
+                .as_ref()
+                .is_some_and(|(f, _)| !Arc::ptr_eq(f, &l.file))
+            {
                 stream.wait_all_answered(held).await;
+                on_wire = None;
             }
-            previous = Some(l.file.clone());
             let Ok(permit) = stream.window.clone().acquire_many_owned(l.weight()).await else {
                 return;
             };
-            match l.send(fs, remote).await {
+            let sent = match &on_wire {
+                None => queue_on_handle(fs, &l.file, |h| l.send_on(remote, h)).await,
+                Some((_, version)) => {
+                    let (h, v) = l.file.versioned_handle().await;
+                    if v != *version || stream.has_lost() {
+                        Err(RemoteError::StaleHandle)
+                    } else {
+                        l.send_on(remote, h).await
+                    }
+                }
+            };
+            match sent {
                 Ok(ack) => {
                     l.losses += 1;
                     if let Some(fs) = fs.upgrade() {
                         fs.stats.writes_sent_again.fetch_add(1, Ordering::Relaxed);
                     }
+                    on_wire = Some((l.file.clone(), l.file.versioned_handle().await.1));
                     stream.answer_later(fs, ack, permit, l);
+                }
+                Err(RemoteError::StaleHandle | RemoteError::Disconnected(_))
+                    if on_wire.is_some() || patient =>
+                {
+                    let mut back = stream.lost.lock().unwrap();
+                    back.push(l);
+                    back.extend(rest);
+                    if on_wire.is_none() {
+                        // Patient, and no connection yet.
+                        return;
+                    }
+                    break;
                 }
                 Err(e) => l.failed(fs, e),
             }
@@ -344,6 +400,15 @@ async fn catch_up<R: Remote>(
             // Anything fetched meanwhile may predate them.
             fs.attrs_changed(ino, None);
         }
+    }
+}
+
+/// Counts a running [`catch_up`] out again, however it ends.
+struct CatchingUp<'a>(&'a AtomicUsize);
+
+impl Drop for CatchingUp<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -656,21 +721,6 @@ where
     }
 }
 
-/// Put one chunk on the wire through `file` (see [`queue_on_handle`]).
-async fn send_chunk<R: Remote>(
-    fs: &Weak<Fs<R>>,
-    remote: &Arc<R>,
-    file: &Arc<OpenFile<R>>,
-    at: u64,
-    chunk: Bytes,
-) -> Result<crate::remote::WriteAck, RemoteError> {
-    queue_on_handle(fs, file, |h| {
-        let chunk = chunk.clone();
-        async move { remote.write_queued(&h, at, chunk).await }
-    })
-    .await
-}
-
 /// Put one request on the wire through `file`'s own handle, in order with what a lost
 /// connection took. `seen` is the handle version the descriptor's previous write went
 /// through: if the handle was reopened since (by a read, say), or cannot be used (the
@@ -698,7 +748,7 @@ where
             r => return r,
         }
     }
-    catch_up(stream, fs, remote, held).await;
+    catch_up(stream, fs, remote, held, false).await;
     let r = queue_on_handle(fs, file, queue).await;
     *seen = file.versioned_handle().await.1;
     r
@@ -892,7 +942,7 @@ async fn writer_loop<R: Remote>(
                     if last.is_some() {
                         // Another descriptor, maybe another channel: let the earlier writes
                         // land (on whatever lanes they went).
-                        catch_up(&stream, &fs, &remote, 0).await;
+                        catch_up(&stream, &fs, &remote, 0, false).await;
                         lane_span = None;
                     }
                     last = Some(Arc::downgrade(&file));
@@ -908,7 +958,7 @@ async fn writer_loop<R: Remote>(
                     if lane_span.is_some_and(|(a, b)| offset < b && a < offset + len) {
                         // It overlaps a chunk that may be in flight on a lane, which the
                         // handle it goes through would not keep it behind.
-                        catch_up(&stream, &fs, &remote, 0).await;
+                        catch_up(&stream, &fs, &remote, 0, false).await;
                         lane_span = None;
                     }
                 }
@@ -916,7 +966,7 @@ async fn writer_loop<R: Remote>(
                     // Before a chunk goes on a lane, everything earlier must have landed: it
                     // could overlap.
                     let ((), lanes) = tokio::join!(
-                        catch_up(&stream, &fs, &remote, 0),
+                        catch_up(&stream, &fs, &remote, 0, false),
                         lanes_for(&fs, &remote, &file)
                     );
                     lane_span = None;
@@ -1013,7 +1063,7 @@ async fn writer_loop<R: Remote>(
                 if (last.is_some() && !same) || lane_span.is_some() {
                     // Writes through another descriptor, or on lanes, could land after it
                     // (and move the mtime it sets): let them land first.
-                    catch_up(&stream, &fs, &remote, 0).await;
+                    catch_up(&stream, &fs, &remote, 0, false).await;
                     lane_span = None;
                 }
                 if !same {
@@ -1050,8 +1100,12 @@ async fn writer_loop<R: Remote>(
                 }
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
             }
+            WriteJob::CatchUp => {
+                catch_up(&stream, &fs, &remote, 0, true).await;
+                lane_span = None;
+            }
             WriteJob::Barrier { done } => {
-                catch_up(&stream, &fs, &remote, 0).await;
+                catch_up(&stream, &fs, &remote, 0, false).await;
                 // Nothing in flight: a striped run may go on striping without waiting.
                 lane_span = None;
                 let _ = done.send(());

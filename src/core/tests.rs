@@ -1835,6 +1835,38 @@ async fn reconnect_write_in_flight_at_disconnect_is_sent_again_by_a_flush() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// A write the connection took is sent again as soon as its loss is known and there is a
+/// connection, not only at the file's next write, read or close (the program may be waiting
+/// for someone to read what it wrote).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_a_lost_write_is_sent_again_without_waiting_for_the_next_operation() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    // The write's answer comes 300 ms after it is sent; the connection drops and is back
+    // before that, so the answer is the loss.
+    h.plan
+        .set_queue_delay(ROp::Write, Some(Duration::from_millis(300)));
+    h.write(fh, 0, b"data").await;
+    while h.plan.calls(ROp::Write) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    h.plan.disconnect();
+    h.plan.restore();
+    let mut sent_again = false;
+    for _ in 0..500 {
+        if h.fs.stats.writes_sent_again.load(Ordering::Relaxed) == 1 {
+            sent_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(sent_again, "the lost write waited for the next operation");
+    h.plan.set_queue_delay(ROp::Write, None);
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"data");
+    h.fs.release(fh).await.unwrap();
+}
+
 /// A read (here through another descriptor) waits until the writes a lost connection took
 /// are sent again: as far as the mount's users know they are the file's content.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -711,7 +711,9 @@ impl SftpRemote {
         match attempt().await {
             // (StaleHandle: a handle it had just opened went with the connection.)
             Err(RemoteError::Disconnected(_) | RemoteError::StaleHandle)
-                if repeatable && self.inner.cfg.reconnect.enabled =>
+                if repeatable
+                    && self.inner.cfg.reconnect.enabled
+                    && !self.inner.closed.load(Ordering::Relaxed) =>
             {
                 self.await_connection_change(before).await;
                 attempt().await
