@@ -65,8 +65,9 @@
 //! new: the handle it would use is stale, or was reopened since its previous write, or a
 //! lost write is already waiting; and the first loss to come back nudges it, so the writes
 //! are sent again as soon as there is a connection even if the file is not used again. Until
-//! then they count as pending: reads and `getattr` wait for them. Through an `O_APPEND` handle the server appends whatever
-//! the offset, so such a write is reported instead, as is one lost [`MAX_LOSSES`] times.
+//! then they count as pending: reads and `getattr` wait for them. Through an `O_APPEND`
+//! handle the server appends whatever the offset, so such a write is reported instead, as is
+//! one lost [`MAX_LOSSES`] times.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
