@@ -697,8 +697,8 @@ impl Failures {
 
 /// Put one request on the wire through `file`'s handle (`queue` sends it on the handle it is
 /// given), reopening a handle that belongs to a lost connection first. Only a request that
-/// was never sent is retried: one that was in flight when the connection dropped is reported
-/// (a later write may have changed the same bytes).
+/// was never sent is retried here: one that was in flight when the connection dropped comes
+/// back from its answer as lost, for [`catch_up`] to send again in order.
 async fn queue_on_handle<R, F, Fut>(
     fs: &Weak<Fs<R>>,
     file: &Arc<OpenFile<R>>,
