@@ -686,8 +686,11 @@ fn cancel_mid_task_and_delegator_error() {
         "echo started > workspace/started.txt; sleep 300",
         serve.base.path(),
     );
+    // Its content, not only the name: the file exists on the server from the open on, and
+    // on a loaded machine the cancel can come before the shell's write.
     assert!(
-        poll_until(DEADLINE, || d.work.join("started.txt").exists()),
+        poll_until(DEADLINE, || fs::read_to_string(d.work.join("started.txt"))
+            .is_ok_and(|t| t == "started\n")),
         "{}",
         serve.log()
     );
