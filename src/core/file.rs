@@ -63,8 +63,9 @@
 //! a switch of descriptor, so a later write over the same bytes still lands last and the file
 //! ends as if the drop had not happened. The writer notices the loss before sending anything
 //! new: the handle it would use is stale, or was reopened since its previous write, or a
-//! lost write is already waiting; and the first loss to come back nudges it, so the writes
-//! are sent again as soon as there is a connection even if the file is not used again. Until
+//! lost write is already waiting; and the first loss to come back nudges it (and it looks
+//! again every second while there is no connection), so the writes are sent again as soon as
+//! there is a connection even if the file is not used again. Until
 //! then they count as pending: reads and `getattr` wait for them. Through an `O_APPEND`
 //! handle the server appends whatever the offset, so such a write is reported instead, as is
 //! one lost [`MAX_LOSSES`] times.
@@ -352,6 +353,7 @@ async fn catch_up<R: Remote>(
         );
         // The descriptor and handle version of what was sent since the last wait.
         let mut on_wire: Option<(Arc<OpenFile<R>>, u64)> = None;
+        let mut first_of_pass = true;
         let mut rest = lost.into_iter();
         while let Some(mut l) = rest.next() {
             if on_wire
@@ -365,38 +367,51 @@ async fn catch_up<R: Remote>(
                 return;
             };
             let sent = match &on_wire {
-                None => queue_on_handle(fs, &l.file, |h| l.send_on(remote, h)).await,
+                // Lost again while the answers before a switch of descriptor came in: that one
+                // goes first.
+                None if !first_of_pass && stream.has_lost() => Resent::StartOver,
+                None => match queue_on_handle(fs, &l.file, |h| l.send_on(remote, h)).await {
+                    Ok(ack) => Resent::Sent(ack, l.file.versioned_handle().await.1),
+                    Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) if patient => {
+                        Resent::NoConnection
+                    }
+                    Err(e) => Resent::Failed(e),
+                },
                 Some((_, version)) => {
                     let (h, v) = l.file.versioned_handle().await;
                     if v != *version || stream.has_lost() {
-                        Err(RemoteError::StaleHandle)
+                        Resent::StartOver
                     } else {
-                        l.send_on(remote, h).await
+                        match l.send_on(remote, h).await {
+                            Ok(ack) => Resent::Sent(ack, v),
+                            Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
+                                Resent::StartOver
+                            }
+                            Err(e) => Resent::Failed(e),
+                        }
                     }
                 }
             };
+            first_of_pass = false;
             match sent {
-                Ok(ack) => {
+                Resent::Sent(ack, version) => {
                     l.losses += 1;
                     if let Some(fs) = fs.upgrade() {
                         fs.stats.writes_sent_again.fetch_add(1, Ordering::Relaxed);
                     }
-                    on_wire = Some((l.file.clone(), l.file.versioned_handle().await.1));
+                    on_wire = Some((l.file.clone(), version));
                     stream.answer_later(fs, ack, permit, l);
                 }
-                Err(RemoteError::StaleHandle | RemoteError::Disconnected(_))
-                    if on_wire.is_some() || patient =>
-                {
+                Resent::StartOver | Resent::NoConnection => {
                     let mut back = stream.lost.lock().unwrap();
                     back.push(l);
                     back.extend(rest);
-                    if on_wire.is_none() {
-                        // Patient, and no connection yet.
+                    if matches!(sent, Resent::NoConnection) {
                         return;
                     }
                     break;
                 }
-                Err(e) => l.failed(fs, e),
+                Resent::Failed(e) => l.failed(fs, e),
             }
         }
         if let Some(fs) = fs.upgrade() {
@@ -405,6 +420,22 @@ async fn catch_up<R: Remote>(
         }
     }
 }
+
+/// What became of one write [`catch_up`] sends again.
+enum Resent {
+    /// On the wire, through the handle of this version.
+    Sent(crate::remote::WriteAck, u64),
+    /// The connection changed under the pass, or something was lost again: put the rest back
+    /// and start over once every answer is in.
+    StartOver,
+    /// Patient, and there is no connection yet: put everything back for later.
+    NoConnection,
+    /// It failed for good.
+    Failed(RemoteError),
+}
+
+/// How long a patient catch-up that found no connection waits before it looks again.
+const LOST_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Counts a running [`catch_up`] out again, however it ends.
 struct CatchingUp<'a>(&'a AtomicUsize);
@@ -1106,6 +1137,15 @@ async fn writer_loop<R: Remote>(
             WriteJob::CatchUp => {
                 catch_up(&stream, &fs, &remote, 0, true).await;
                 lane_span = None;
+                if stream.has_lost() {
+                    // No connection yet (the reconnect goes on in the background): look again
+                    // later, even if the file is not used again. Ends with the writer task.
+                    let stream = stream.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(LOST_RETRY).await;
+                        stream.nudge();
+                    });
+                }
             }
             WriteJob::Barrier { done } => {
                 catch_up(&stream, &fs, &remote, 0, false).await;

@@ -1867,6 +1867,33 @@ async fn reconnect_a_lost_write_is_sent_again_without_waiting_for_the_next_opera
     h.fs.release(fh).await.unwrap();
 }
 
+/// The same when the connection is not back yet as the loss comes back: the writer looks
+/// again until it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_a_lost_write_is_sent_again_once_the_connection_is_back() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan.disconnect_after_next(ROp::Write);
+    h.write(fh, 0, b"data").await;
+    until_disconnected(&h).await;
+    // The loss is back and the first try found no connection.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::fs::write(h.disk("f"), b"").unwrap();
+    h.plan.restore();
+    let mut sent_again = false;
+    for _ in 0..500 {
+        if h.fs.stats.writes_sent_again.load(Ordering::Relaxed) == 1 {
+            sent_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(sent_again, "the lost write waited for the next operation");
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"data");
+    h.fs.release(fh).await.unwrap();
+}
+
 /// A read (here through another descriptor) waits until the writes a lost connection took
 /// are sent again: as far as the mount's users know they are the file's content.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
