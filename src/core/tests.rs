@@ -1789,6 +1789,18 @@ async fn until_disconnected(h: &Harness) {
     panic!("the connection never dropped");
 }
 
+/// Wait (boundedly) until the mount has sent a lost write again, with no operation on the
+/// file meanwhile.
+async fn until_sent_again(h: &Harness) {
+    for _ in 0..500 {
+        if h.fs.stats.writes_sent_again.load(Ordering::Relaxed) == 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the lost write waited for the next operation");
+}
+
 /// A write on the wire when the connection drops (the server did it, its answer was lost) is
 /// sent again on the new connection, before a later write over the same bytes: nothing is
 /// reported, and the later write is what the file holds.
@@ -1852,15 +1864,7 @@ async fn reconnect_a_lost_write_is_sent_again_without_waiting_for_the_next_opera
     }
     h.plan.disconnect();
     h.plan.restore();
-    let mut sent_again = false;
-    for _ in 0..500 {
-        if h.fs.stats.writes_sent_again.load(Ordering::Relaxed) == 1 {
-            sent_again = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(sent_again, "the lost write waited for the next operation");
+    until_sent_again(&h).await;
     h.plan.set_queue_delay(ROp::Write, None);
     h.fs.flush(fh).await.unwrap();
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"data");
@@ -1880,15 +1884,7 @@ async fn reconnect_a_lost_write_is_sent_again_once_the_connection_is_back() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     std::fs::write(h.disk("f"), b"").unwrap();
     h.plan.restore();
-    let mut sent_again = false;
-    for _ in 0..500 {
-        if h.fs.stats.writes_sent_again.load(Ordering::Relaxed) == 1 {
-            sent_again = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(sent_again, "the lost write waited for the next operation");
+    until_sent_again(&h).await;
     h.fs.flush(fh).await.unwrap();
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"data");
     h.fs.release(fh).await.unwrap();
