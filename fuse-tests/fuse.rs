@@ -2386,8 +2386,8 @@ fn reconnect_after_connection_loss() {
 /// drop took with it.) Writes are answered when queued, so right after `write` returns part
 /// of it is still on its way; rounds are repeated until a drop took some (it almost always
 /// does at once), so the test is known to have tested the resend. The fsync of each round
-/// lets its resends land before the next drop: a write lost with three connections in a row
-/// is reported by design (a write that brings the server down is not sent forever).
+/// lets its resends land before the next drop: a write sent again three times and lost each
+/// time is reported by design (a write that brings the server down is not sent forever).
 #[test]
 fn reconnect_sends_again_the_writes_a_drop_took() {
     let m = TestMount::start(&["reconnect"]);

@@ -68,7 +68,7 @@
 //! there is a connection even if the file is not used again. Until
 //! then they count as pending: reads and `getattr` wait for them. Through an `O_APPEND`
 //! handle the server appends whatever the offset, so such a write is reported instead, as is
-//! one lost [`MAX_LOSSES`] times.
+//! one lost again after [`MAX_LOSSES`] resends.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -324,7 +324,7 @@ impl<R: Remote> Lost<R> {
 /// for every answer may reopen the handle; once something is on the wire, a send that finds
 /// the handle stale or reopened, or anything lost again, means that what is on the wire may
 /// be lost too and not known yet: the rest goes back, and it starts over from the earliest
-/// once every answer is in. (Each is sent at most [`MAX_LOSSES`] times.)
+/// once every answer is in. (Each is sent again at most [`MAX_LOSSES`] times.)
 ///
 /// Without a connection (its reopen fails) they fail, and their writes, close and fsync are
 /// told; unless `patient` (nobody waits: the writer was only nudged when the loss came back):
