@@ -246,8 +246,8 @@ impl<R: Remote> WriteStream<R> {
 /// reported instead (a connection that keeps dropping under it).
 const MAX_LOSSES: u8 = 3;
 
-/// A write or attribute change put on the wire, kept until its answer: if the connection is
-/// lost before that, the server may or may not have done it.
+/// A write or attribute change the writer puts on the wire, kept until its answer: if the
+/// connection is lost before that, the server may or may not have done it.
 struct Lost<R: Remote> {
     /// The order in which the writer first sent it.
     seq: u64,
@@ -267,6 +267,16 @@ enum Resend {
 }
 
 impl<R: Remote> Lost<R> {
+    /// The `seq`th request the writer puts on the wire, through `file`.
+    fn new(seq: u64, file: &Arc<OpenFile<R>>, what: Resend) -> Self {
+        Lost {
+            seq,
+            file: file.clone(),
+            what,
+            losses: 0,
+        }
+    }
+
     /// Whether it is sent again after failing with `e`. Doing it twice leaves the file as
     /// doing it once, as long as nothing of the file sent later lands in between, which
     /// [`catch_up`] sees to; except through an `O_APPEND` handle, where the server appends
@@ -755,54 +765,30 @@ where
     }
 }
 
-/// Put one request on the wire through `file`'s own handle, in order with what a lost
+/// Put `req` on the wire through its descriptor's own handle, in order with what a lost
 /// connection took. `seen` is the handle version the descriptor's previous write went
 /// through: if the handle was reopened since (by a read, say), or cannot be used (the
 /// connection is lost), that write may have gone with the old connection, and it must land
 /// before this one: [`catch_up`] first, then send through the (reopened) handle. The caller
-/// holds `held` bytes of the window, for this request.
-async fn send_in_order<R, F, Fut>(
+/// holds `req`'s share of the window.
+async fn send_in_order<R: Remote>(
     stream: &Arc<WriteStream<R>>,
     fs: &Weak<Fs<R>>,
     remote: &Arc<R>,
-    file: &Arc<OpenFile<R>>,
     seen: &mut u64,
-    held: u32,
-    queue: F,
-) -> Result<crate::remote::WriteAck, RemoteError>
-where
-    R: Remote,
-    F: Fn(R::Handle) -> Fut,
-    Fut: std::future::Future<Output = Result<crate::remote::WriteAck, RemoteError>>,
-{
-    let (handle, version) = file.versioned_handle().await;
+    req: &Lost<R>,
+) -> Result<crate::remote::WriteAck, RemoteError> {
+    let (handle, version) = req.file.versioned_handle().await;
     if version == *seen && !stream.has_lost() {
-        match queue(handle).await {
+        match req.send_on(remote, handle).await {
             Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {}
             r => return r,
         }
     }
-    catch_up(stream, fs, remote, held, false).await;
-    let r = queue_on_handle(fs, file, queue).await;
-    *seen = file.versioned_handle().await.1;
+    catch_up(stream, fs, remote, req.weight(), false).await;
+    let r = queue_on_handle(fs, &req.file, |h| req.send_on(remote, h)).await;
+    *seen = req.file.versioned_handle().await.1;
     r
-}
-
-/// [`send_in_order`] for a chunk of data.
-async fn send_chunk_in_order<R: Remote>(
-    stream: &Arc<WriteStream<R>>,
-    fs: &Weak<Fs<R>>,
-    remote: &Arc<R>,
-    file: &Arc<OpenFile<R>>,
-    seen: &mut u64,
-    at: u64,
-    chunk: &Bytes,
-) -> Result<crate::remote::WriteAck, RemoteError> {
-    send_in_order(stream, fs, remote, file, seen, chunk.len() as u32, |h| {
-        let chunk = chunk.clone();
-        async move { remote.write_queued(&h, at, chunk).await }
-    })
-    .await
 }
 
 /// The lanes a striped run is spread over, in turn with the descriptor's own handle.
@@ -1027,8 +1013,10 @@ async fn writer_loop<R: Remote>(
                     };
                     let end = at + n as u64;
                     let lane = striping.as_mut().and_then(|s| s.next(unit_chunks));
+                    seq += 1;
+                    let req = Lost::new(seq, &file, Resend::Chunk { at, data: chunk });
                     let sent = match lane {
-                        Some(h) => match remote.write_queued(&h, at, chunk.clone()).await {
+                        Some(h) => match req.send_on(&remote, h).await {
                             Ok(ack) => {
                                 striped += n as u64;
                                 lane_span = Some(match lane_span {
@@ -1042,31 +1030,16 @@ async fn writer_loop<R: Remote>(
                                 // descriptor's own handle is reopened.
                                 striping = None;
                                 drop_lanes(&remote, &file);
-                                send_chunk_in_order(
-                                    &stream, &fs, &remote, &file, &mut seen, at, &chunk,
-                                )
-                                .await
+                                send_in_order(&stream, &fs, &remote, &mut seen, &req).await
                             }
                             Err(e) => Err(e),
                         },
-                        None => {
-                            send_chunk_in_order(&stream, &fs, &remote, &file, &mut seen, at, &chunk)
-                                .await
-                        }
+                        None => send_in_order(&stream, &fs, &remote, &mut seen, &req).await,
                     };
-                    seq += 1;
                     match sent {
-                        Ok(ack) => {
-                            let sent = Lost {
-                                seq,
-                                file: file.clone(),
-                                what: Resend::Chunk { at, data: chunk },
-                                losses: 0,
-                            };
-                            stream.answer_later(&fs, ack, permit, sent);
-                        }
+                        Ok(ack) => stream.answer_later(&fs, ack, permit, req),
                         Err(e) => {
-                            file.latch_write(e, end);
+                            req.failed(&fs, e);
                             break;
                         }
                     }
@@ -1110,26 +1083,11 @@ async fn writer_loop<R: Remote>(
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
                     // Never sent (the handle went with a lost connection): as a write, sent
                     // again through the reopened handle.
-                    let sent = send_in_order(&stream, &fs, &remote, &file, &mut seen, 1, |h| {
-                        let remote = &remote;
-                        async move { remote.fsetstat_queued(&h, attrs).await }
-                    })
-                    .await;
                     seq += 1;
-                    match sent {
-                        Ok(ack) => {
-                            let sent = Lost {
-                                seq,
-                                file: file.clone(),
-                                what: Resend::Attrs(attrs),
-                                losses: 0,
-                            };
-                            stream.answer_later(&fs, ack, permit, sent);
-                        }
-                        Err(e) => {
-                            setattrs_failed(&fs, &file);
-                            file.latch(e);
-                        }
+                    let req = Lost::new(seq, &file, Resend::Attrs(attrs));
+                    match send_in_order(&stream, &fs, &remote, &mut seen, &req).await {
+                        Ok(ack) => stream.answer_later(&fs, ack, permit, req),
+                        Err(e) => req.failed(&fs, e),
                     }
                 }
                 stream.queued.fetch_sub(1, Ordering::AcqRel);
