@@ -2884,6 +2884,39 @@ fn check_policy_reports_good_and_bad_files() {
 /// `allowed_access_modes` or a TTL outside 0..86400 "is an error that names the key, the
 /// file and the line"; these errors (src/policy/mod.rs `Policy::parse`, `ttl`) name the file
 /// and the key but no line.
+/// A reader that goes away early (`awcp-mount check-policy | head -1`) ends the command the
+/// way SIGPIPE ends `ls` (status 141 in a shell), not with a panic and its backtrace.
+#[test]
+fn output_into_a_closed_pipe_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let s = Scratch::new();
+    let good = s.write("good.toml", &policy_text(&s.path, ""));
+    let runs: [&[OsString]; 3] = [
+        &["check-policy".into(), good.into()],
+        &["generate".into(), "bash".into()],
+        &["generate".into(), "man".into()],
+    ];
+    for args in runs {
+        let (read_end, write_end) = nix::unistd::pipe().unwrap();
+        // Nobody will read: the command's first write fails with EPIPE.
+        drop(read_end);
+        // These commands read only their arguments and a local file: nothing to hang on.
+        let out = Command::new(BIN)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(write_end))
+            .output()
+            .unwrap();
+        let (st, err) = (out.status, String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            st.signal(),
+            Some(libc::SIGPIPE),
+            "{args:?} into a closed pipe: {st}, stderr:\n{err}"
+        );
+        assert!(err.is_empty(), "{args:?} printed on stderr:\n{err}");
+    }
+}
+
 #[test]
 fn check_policy_value_errors_name_the_line() {
     let s = Scratch::new();

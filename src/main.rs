@@ -11,6 +11,12 @@ use awcp_mount::options::{MountOptions, RemoteSpec};
 use awcp_mount::policy::Policy;
 use awcp_mount::unmount;
 
+/// `println!` for the command's own output, which may go to a pipe that closes early
+/// (`awcp-mount status | head -1`): see [`write_stdout`].
+macro_rules! outln {
+    ($($arg:tt)*) => { write_stdout(format!("{}\n", format_args!($($arg)*)).as_bytes()) };
+}
+
 const AFTER_HELP: &str = "\
 Examples:
   Mount a workspace (daemonizes once the mount is live, like sshfs):
@@ -241,26 +247,49 @@ fn main() -> ExitCode {
         }) => exit(
             awcp_mount::awcp::client::done(&executor, &id, &summary, &highlights).map(|v| {
                 if json {
-                    println!("{v}");
+                    outln!("{v}");
                 } else {
-                    println!("{id}: done reported; the workspace is being released");
+                    outln!("{id}: done reported; the workspace is being released");
                 }
             }),
         ),
         Some(Command::Cancel { id, executor, json }) => {
             exit(awcp_mount::awcp::client::cancel(&executor, &id).map(|v| {
                 if json {
-                    println!("{v}");
+                    outln!("{v}");
                 } else if v["cancelled"] == true {
-                    println!("{id}: cancelled");
+                    outln!("{id}: cancelled");
                 } else {
-                    println!("{id}: had already ended; nothing to cancel");
+                    outln!("{id}: had already ended; nothing to cancel");
                 }
             }))
         }
         Some(Command::Generate { what }) => exit(generate(&what)),
         None => exit(mount_command(cli)),
     }
+}
+
+/// Write the command's output to stdout. A reader that went away ends the program the way
+/// SIGPIPE ends `ls` (the shell sees status 141), instead of a panic from `println!`. SIGPIPE
+/// itself stays ignored (Rust's default) for the rest of the program: the mount, and the
+/// commands that talk to a mount's control socket or an executor over HTTP, must see EPIPE
+/// as an error on that connection, not die of it.
+fn write_stdout(bytes: &[u8]) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let Err(e) = out.write_all(bytes).and_then(|()| out.flush()) else {
+        return;
+    };
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        // SAFETY: restoring a signal's default disposition and raising it; no handler runs.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+            libc::raise(libc::SIGPIPE);
+        }
+        std::process::exit(141);
+    }
+    eprintln!("awcp-mount: writing to standard output failed: {e}");
+    std::process::exit(1);
 }
 
 fn exit(r: Result<(), String>) -> ExitCode {
@@ -335,8 +364,8 @@ fn mount_command(cli: Cli) -> Result<(), String> {
 fn check_policy(file: Option<PathBuf>) -> Result<(), String> {
     let path = file.unwrap_or_else(|| PathBuf::from(awcp_mount::policy::DEFAULT_POLICY_PATH));
     let policy = Policy::load(Some(&path)).map_err(|e| e.0)?;
-    print!("{policy}");
-    println!("# {}: OK", path.display());
+    write_stdout(policy.to_string().as_bytes());
+    outln!("# {}: OK", path.display());
     Ok(())
 }
 
@@ -349,7 +378,7 @@ fn check_mountpoint(mountpoint: &std::path::Path, policy: Option<PathBuf>) -> Re
             } else {
                 ""
             };
-            println!(
+            outln!(
                 "allowed: {}{how} (policy: {})",
                 v.path.display(),
                 policy.source
@@ -366,7 +395,7 @@ fn downgrade(mountpoint: &std::path::Path) -> Result<(), String> {
         .map_err(|e| format!("{}: {e}", mountpoint.display()))?;
     let answer = awcp_mount::control::request(&mp, "downgrade")?;
     if answer["ok"].as_bool() == Some(true) {
-        println!("{}: read-only now", mp.display());
+        outln!("{}: read-only now", mp.display());
         Ok(())
     } else {
         Err(format!(
@@ -415,11 +444,11 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
         }
     }
     if json {
-        println!("{}", serde_json::Value::Array(all));
+        outln!("{}", serde_json::Value::Array(all));
         return Ok(());
     }
     if all.is_empty() {
-        println!("no awcp-mount mounts running");
+        outln!("no awcp-mount mounts running");
     }
     for m in &all {
         let q = &m["quota"];
@@ -427,9 +456,9 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             v.as_u64()
                 .map_or("unlimited".to_string(), |n| n.to_string())
         };
-        println!("{}", m["mountpoint"].as_str().unwrap_or("?"));
+        outln!("{}", m["mountpoint"].as_str().unwrap_or("?"));
         if let Some(id) = m["delegation"].as_str() {
-            println!(
+            outln!(
                 "  delegation  {id} ({}, {}, lease ends {})",
                 m["state"].as_str().unwrap_or("?"),
                 m["access_mode"].as_str().unwrap_or("?"),
@@ -440,33 +469,36 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             // A delegation without a live mount (pending, or ended).
             continue;
         }
-        println!("  remote      {}", m["remote"].as_str().unwrap_or("?"));
-        println!("  access      {}", m["access"].as_str().unwrap_or("?"));
-        println!("  connection  {}", m["connection"].as_str().unwrap_or("?"));
-        println!(
+        outln!("  remote      {}", m["remote"].as_str().unwrap_or("?"));
+        outln!("  access      {}", m["access"].as_str().unwrap_or("?"));
+        outln!("  connection  {}", m["connection"].as_str().unwrap_or("?"));
+        outln!(
             "  lease ends  {}",
             m["expires_at"].as_str().unwrap_or("never")
         );
-        println!(
+        outln!(
             "  quota       {} of {} bytes, {} of {} files",
             q["bytes_used"],
             limit(&q["bytes_max"]),
             q["files_used"],
             limit(&q["files_max"])
         );
-        println!(
+        outln!(
             "  traffic     {} operations, {} bytes read, {} bytes written, {} files open",
-            m["ops"], m["bytes_read"], m["bytes_written"], m["open_files"]
+            m["ops"],
+            m["bytes_read"],
+            m["bytes_written"],
+            m["open_files"]
         );
-        println!(
+        outln!(
             "  ahead       {} small files opened from a read-ahead, {} bytes written striped, {} unlinks answered early",
             m["opens_fetched_ahead"], m["bytes_striped"], m["unlinks_behind"]
         );
-        println!(
+        outln!(
             "  resent      {} writes on the wire at a connection loss, sent again",
             m["writes_sent_again"]
         );
-        println!("  pid         {}", m["pid"]);
+        outln!("  pid         {}", m["pid"]);
     }
     Ok(())
 }
@@ -501,11 +533,14 @@ fn read_fd(fd: i32, flag: &str) -> Result<String, String> {
 fn generate(what: &str) -> Result<(), String> {
     use clap::CommandFactory;
     let mut cmd = Cli::command();
-    let mut out = std::io::stdout();
+    // Rendered in memory, then written: clap_complete panics on a write error.
+    let mut out = Vec::new();
     let shell = match what {
         "man" => {
             let man = clap_mangen::Man::new(cmd).section("8");
-            return man.render(&mut out).map_err(|e| e.to_string());
+            man.render(&mut out).map_err(|e| e.to_string())?;
+            write_stdout(&out);
+            return Ok(());
         }
         "bash" => clap_complete::Shell::Bash,
         "zsh" => clap_complete::Shell::Zsh,
@@ -513,5 +548,6 @@ fn generate(what: &str) -> Result<(), String> {
         other => return Err(format!("generate: '{other}' is not man, bash, zsh or fish")),
     };
     clap_complete::generate(shell, &mut cmd, "awcp-mount", &mut out);
+    write_stdout(&out);
     Ok(())
 }
