@@ -951,3 +951,57 @@ async fn lanes_on_other_channels_and_fsetstat_behind_writes() {
         .is_empty());
     one.close(&h).await.unwrap();
 }
+
+/// Latency floor of one small read: 2,000 serial 4 KiB READs at random page offsets of a
+/// 256 MiB file (the bench's `rand_read` without FUSE and without the hand-off from a FUSE
+/// thread), with the server's page cache dropped and then warm, on one tokio worker as the
+/// mount's network side runs. See docs/PERFORMANCE.md (random reads).
+/// `cargo test --release --test sftp_remote -- --ignored --nocapture serial_small_read_latency`
+#[test]
+#[ignore]
+fn serial_small_read_latency() {
+    const SIZE: u64 = 256 * 1024 * 1024;
+    const READS: usize = 2000;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sshd = TestSshd::start();
+    let path = sshd.export_dir.join("big");
+    {
+        let chunk: Vec<u8> = (0..1024 * 1024).map(|i| (i * 7 % 251) as u8).collect();
+        let mut f = std::fs::File::create(&path).unwrap();
+        for _ in 0..SIZE / chunk.len() as u64 {
+            std::io::Write::write_all(&mut f, &chunk).unwrap();
+        }
+        f.sync_all().unwrap();
+    }
+    let r = rt.block_on(connect(&sshd));
+    for warm in [false, true, false, true] {
+        if !warm {
+            std::fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+        }
+        let h = rt
+            .block_on(r.open(&path, OpenFlags::read_only(), 0))
+            .unwrap();
+        // Uniform page offsets (an LCG, the same sequence each round; not the bench's own).
+        let mut x: u64 = 4242;
+        let t0 = Instant::now();
+        rt.block_on(async {
+            for _ in 0..READS {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                let off = (x >> 33) % (SIZE / 4096) * 4096;
+                assert_eq!(r.read(&h, off, 4096).await.unwrap().len(), 4096);
+            }
+        });
+        let us = t0.elapsed().as_secs_f64() * 1e6 / READS as f64;
+        println!(
+            "serial 4 KiB reads, server cache {}: {us:.0} us each",
+            if warm { "warm" } else { "cold" }
+        );
+        rt.block_on(r.close(&h)).unwrap();
+    }
+}
