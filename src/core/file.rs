@@ -198,6 +198,11 @@ impl<R: Remote> WriteStream<R> {
         !self.lost.lock().unwrap().is_empty()
     }
 
+    /// Whether writes a lost connection took are waiting to be sent again, or being sent.
+    pub(crate) fn has_lost_writes(&self) -> bool {
+        self.has_lost() || self.catching_up.load(Ordering::Acquire) > 0
+    }
+
     /// Have the writer task send again what was lost, if it runs.
     fn nudge(&self) {
         if let Some(tx) = self.writer.lock().unwrap().as_ref() {
@@ -279,11 +284,14 @@ impl<R: Remote> Lost<R> {
 
     /// Whether it is sent again after failing with `e`. Doing it twice leaves the file as
     /// doing it once, as long as nothing of the file sent later lands in between, which
-    /// [`catch_up`] sees to; except through an `O_APPEND` handle, where the server appends
-    /// whatever the offset (the bytes would be there twice): that loss is reported.
+    /// [`catch_up`] sees to; except data through an `O_APPEND` handle, where the server
+    /// appends whatever the offset (the bytes would be there twice): that loss is reported.
+    /// (An attribute change through such a handle is sent again: setting them twice is
+    /// setting them once.)
     fn may_send_again(&self, e: &RemoteError) -> bool {
+        let appends = self.file.flags.append && matches!(self.what, Resend::Chunk { .. });
         matches!(e, RemoteError::Disconnected(_) | RemoteError::StaleHandle)
-            && !self.file.flags.append
+            && !appends
             && self.losses < MAX_LOSSES
     }
 
@@ -381,7 +389,7 @@ async fn catch_up<R: Remote>(
                 // goes first.
                 None if !first_of_pass && stream.has_lost() => Resent::StartOver,
                 None => match queue_on_handle(fs, &l.file, |h| l.send_on(remote, h)).await {
-                    Ok(ack) => Resent::Sent(ack, l.file.versioned_handle().await.1),
+                    Ok((ack, version)) => Resent::Sent(ack, version),
                     Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) if patient => {
                         Resent::NoConnection
                     }
@@ -576,8 +584,9 @@ impl<R: Remote> OpenFile<R> {
     }
 
     /// Replace a handle found stale at version `seen` by what `open` returns, unless another
-    /// request already did: then its handle is returned and `open` is not called.
-    pub async fn reopen_with<F, Fut, E>(&self, seen: u64, open: F) -> Result<R::Handle, E>
+    /// request already did: then its handle is returned and `open` is not called. The handle
+    /// with its version.
+    pub async fn reopen_with<F, Fut, E>(&self, seen: u64, open: F) -> Result<(R::Handle, u64), E>
     where
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<R::Handle, E>>,
@@ -586,13 +595,13 @@ impl<R: Remote> OpenFile<R> {
         {
             let current = self.handle.read().await;
             if current.1 != seen {
-                return Ok(current.0.clone());
+                return Ok(current.clone());
             }
         }
         let new = open().await?;
         let mut slot = self.handle.write().await;
         *slot = (new.clone(), seen + 1);
-        Ok(new)
+        Ok(slot.clone())
     }
 
     /// Latch a failure whose write end is not known (0: never taken for EFBIG).
@@ -737,14 +746,17 @@ impl Failures {
 }
 
 /// Put one request on the wire through `file`'s handle (`queue` sends it on the handle it is
-/// given), reopening a handle that belongs to a lost connection first. Only a request that
-/// was never sent is retried here: one that was in flight when the connection dropped comes
-/// back from its answer as lost, for [`catch_up`] to send again in order.
+/// given), reopening a handle that belongs to a lost connection first; with the version of
+/// the handle it went through. Only a request that was never sent is retried here: one that
+/// was in flight when the connection dropped comes back from its answer as lost, for
+/// [`catch_up`] to send again in order. `StaleHandle`: there is no connection (yet); another
+/// error from the reopen (the file has no name any more, the server refuses to open it) is
+/// the request's own failure, which waiting for a connection would not change.
 async fn queue_on_handle<R, F, Fut>(
     fs: &Weak<Fs<R>>,
     file: &Arc<OpenFile<R>>,
     queue: F,
-) -> Result<crate::remote::WriteAck, RemoteError>
+) -> Result<(crate::remote::WriteAck, u64), RemoteError>
 where
     R: Remote,
     F: Fn(R::Handle) -> Fut,
@@ -757,11 +769,12 @@ where
                 return Err(RemoteError::StaleHandle);
             };
             match fs.reopen(file, version).await {
-                Ok(h) => queue(h).await,
-                Err(_) => Err(RemoteError::StaleHandle),
+                Ok((h, v)) => queue(h).await.map(|ack| (ack, v)),
+                Err(e) if e.is_connection_error() => Err(RemoteError::StaleHandle),
+                Err(e) => Err(e),
             }
         }
-        r => r,
+        r => r.map(|ack| (ack, version)),
     }
 }
 
@@ -786,9 +799,16 @@ async fn send_in_order<R: Remote>(
         }
     }
     catch_up(stream, fs, remote, req.weight(), false).await;
-    let r = queue_on_handle(fs, &req.file, |h| req.send_on(remote, h)).await;
-    *seen = req.file.versioned_handle().await.1;
-    r
+    match queue_on_handle(fs, &req.file, |h| req.send_on(remote, h)).await {
+        Ok((ack, version)) => {
+            *seen = version;
+            Ok(ack)
+        }
+        Err(e) => {
+            *seen = req.file.versioned_handle().await.1;
+            Err(e)
+        }
+    }
 }
 
 /// The lanes a striped run is spread over, in turn with the descriptor's own handle.
@@ -828,27 +848,33 @@ async fn lanes_for<R: Remote>(
         return Vec::new();
     };
     let refuse = || *file.lanes.lock().unwrap() = Lanes::Refused;
-    // Removed (open, then unlink): it has no path to open it by.
-    let Ok(path) = fs.path_of(file.ino) else {
-        refuse();
-        return Vec::new();
-    };
     let primary = file.handle().await;
     let flags = OpenFlags {
         read: false,
         write: true,
         ..file.flags.for_reopen()
     };
-    match remote
-        .open_alongside(&path, flags, &primary, MAX_LANES - 1)
-        .await
-    {
-        Ok(lanes) => {
-            let moved = fs.path_of(file.ino).ok().as_ref() != Some(&path);
+    // By name, kept only if no rename or unlink through the mount can have put another file
+    // under it meanwhile (see `Fs::open_by_name`).
+    let opened = fs
+        .open_by_name(
+            file.ino,
+            |path| {
+                let (remote, primary) = (remote.clone(), primary.clone());
+                async move {
+                    remote
+                        .open_alongside(&path, flags, &primary, MAX_LANES - 1)
+                        .await
+                }
+            },
+            |lanes| close_in_background(remote, lanes),
+        )
+        .await;
+    match opened {
+        Ok((lanes, _)) => {
             let mut slot = file.lanes.lock().unwrap();
-            if moved || !matches!(*slot, Lanes::Untried) {
-                // Renamed while the lanes were opened (they may be another file now), or
-                // closed meanwhile: not these. (Renamed: tried again on a later run.)
+            if !matches!(*slot, Lanes::Untried) {
+                // Closed meanwhile: not these.
                 drop(slot);
                 close_in_background(remote, lanes);
                 return Vec::new();

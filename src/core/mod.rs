@@ -11,6 +11,7 @@ pub mod cache;
 pub mod errno;
 pub mod file;
 pub mod inode;
+mod names;
 pub mod prefetch;
 mod remove_behind;
 
@@ -223,6 +224,8 @@ pub struct Fs<R: Remote> {
     snapshots: Mutex<HashMap<u64, (Ino, Arc<Snapshot>)>>,
     /// Unlinks answered before the server's answer, still on their way or failed.
     removes_behind: RemovesBehind,
+    /// Renames and unlinks on their way to the server, for opening live files by name.
+    names: names::NameChanges,
     pub stats: Stats,
 }
 
@@ -353,6 +356,7 @@ impl<R: Remote> Fs<R> {
             file_fetches: Arc::new(tokio::sync::Semaphore::new(prefetch::MAX_FILE_FETCHES)),
             snapshots: Mutex::new(HashMap::new()),
             removes_behind: RemovesBehind::default(),
+            names: names::NameChanges::default(),
             stats: Stats::default(),
         }
     }
@@ -1535,7 +1539,9 @@ impl<R: Remote> Fs<R> {
             }
         }
         let size = self.quota_size(ino, &path).await;
+        self.settle_lost_writes(ino).await;
         self.snapshots_to_handles(ino).await;
+        let _change = self.names.start();
         if let Err(e) = self.remote.remove(&path).await {
             return Err(self.explain(Op::Unlink, e, &path, None).await);
         }
@@ -1590,12 +1596,22 @@ impl<R: Remote> Fs<R> {
         if parent_mode.is_some_and(|m| m & libc::S_ISVTX != 0 || m & 0o222 == 0) {
             return false;
         }
+        // Writes a lost connection took must reach the file by this name first.
+        if self
+            .writers_of(ino)
+            .first()
+            .is_some_and(|f| f.stream.has_lost_writes())
+        {
+            return false;
+        }
         if !self.removes_behind.begin(parent, name) {
             return false;
         }
         // The quota gives back now (a write that the removal makes room for must not fail),
         // and charges again if the server refuses.
         let lives_on = self.removed(parent, name).is_some_and(data_lives_on);
+        // The name is gone from the table now, before the REMOVE is sent.
+        self.names.bump();
         let given_back = self.enforcer.quota.name_removed(Some(ino), size, lives_on);
         self.stats.unlinks_behind.fetch_add(1, Ordering::Relaxed);
         let fs = self.clone();
@@ -1687,7 +1703,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn rename(
-        &self,
+        self: &Arc<Self>,
         parent: Ino,
         name: &OsStr,
         new_parent: Ino,
@@ -1761,10 +1777,15 @@ impl<R: Remote> Fs<R> {
         } else {
             None
         };
-        if mode == RenameMode::Replace {
-            let target = self.inodes.lock().unwrap().child(new_parent, new_name);
-            self.snapshots_to_handles(target).await;
-        }
+        let target = match mode {
+            RenameMode::Replace => self.inodes.lock().unwrap().child(new_parent, new_name),
+            RenameMode::NoReplace => None,
+        };
+        self.settle_lost_writes(source_ino).await;
+        self.settle_lost_writes(target).await;
+        self.snapshots_to_handles(target).await;
+        // From here until the inode table shows the outcome, no live file is opened by name.
+        let _change = self.names.start();
         if let Err(e) = self.remote.rename(&from, &to, mode).await {
             let mut err = self.explain(Op::Rename, e, &to, Some(&from)).await;
             // Plain SFTP RENAME refuses an existing target with the generic FAILURE.
@@ -2082,10 +2103,20 @@ impl<R: Remote> Fs<R> {
     /// Give descriptor `fh` of `ino`, reading from a snapshot, a server handle under the same
     /// number.
     async fn snapshot_to_handle(&self, fh: u64, ino: Ino) -> FsResult<()> {
-        let path = self.path_of(ino)?;
-        let handle = match self.remote.open(&path, OpenFlags::read_only(), 0).await {
-            Ok(h) => h,
-            Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
+        let remote = self.remote.clone();
+        let opened = self
+            .open_by_name(
+                ino,
+                |path| {
+                    let remote = remote.clone();
+                    async move { remote.open(&path, OpenFlags::read_only(), 0).await }
+                },
+                |h| file::close_in_background(&self.remote, vec![h]),
+            )
+            .await;
+        let handle = match opened {
+            Ok((h, _)) => h,
+            Err(e) => return Err(remote_err(Op::Open, &e, "open")),
         };
         {
             // Registered under the snapshots' lock: a read that no longer finds the snapshot
@@ -2231,29 +2262,91 @@ impl<R: Remote> Fs<R> {
             .ok_or_else(|| FsError::new(libc::EBADF, format!("no open file {fh}")))
     }
 
-    /// Reopen a file whose handle belongs to a lost connection.
-    /// Reopen a file whose handle (at version `seen`) belongs to a lost connection. Requests
-    /// that find the same stale handle at once share one reopen.
-    pub(crate) async fn reopen(&self, file: &Arc<OpenFile<R>>, seen: u64) -> FsResult<R::Handle> {
+    /// Reopen a file whose handle (at version `seen`) belongs to a lost connection: the new
+    /// handle and its version. Requests that find the same stale handle at once share one
+    /// reopen. A connection error means there is no connection (yet); any other, that the
+    /// file cannot be opened again (it has no name any more, or the server refuses).
+    pub(crate) async fn reopen(
+        &self,
+        file: &Arc<OpenFile<R>>,
+        seen: u64,
+    ) -> Result<(R::Handle, u64), RemoteError> {
         file.reopen_with(seen, || async {
-            let path = self.path_of(file.ino).map_err(|e| {
-                FsError::new(
-                    libc::EIO,
-                    format!("cannot reopen after reconnect: {}", e.context),
+            let (remote, flags) = (self.remote.clone(), file.flags.for_reopen());
+            let opened = self
+                .open_by_name(
+                    file.ino,
+                    |path| {
+                        let remote = remote.clone();
+                        async move { remote.open(&path, flags, 0).await }
+                    },
+                    |h| file::close_in_background(&self.remote, vec![h]),
                 )
-            })?;
-            match self.remote.open(&path, file.flags.for_reopen(), 0).await {
-                Ok(h) => {
+                .await;
+            match opened {
+                Ok((h, path)) => {
                     tracing::info!(path = %path.display(), "reopened file after reconnect");
                     Ok(h)
                 }
-                Err(e) => Err(FsError::new(
-                    libc::EIO,
-                    format!("reopen {} after reconnect: {e}", path.display()),
-                )),
+                Err(e) => {
+                    tracing::debug!(ino = file.ino, "reopen after reconnect: {e}");
+                    Err(e)
+                }
             }
         })
         .await
+    }
+
+    /// Open the live file `ino` by the path the mount knows it by (`open` does the OPEN, or
+    /// several; `discard` closes what it opened), keeping the result only if no rename or
+    /// unlink through the mount can have put another file under that name between the path
+    /// lookup and the answer (see `names`): otherwise it is discarded and the file opened
+    /// again under its new name. A file with no name any more (removed, or replaced by a
+    /// rename) cannot be opened: `NoSuchFile`.
+    async fn open_by_name<T, F, Fut>(
+        &self,
+        ino: Ino,
+        open: F,
+        discard: impl Fn(T),
+    ) -> Result<(T, PathBuf), RemoteError>
+    where
+        F: Fn(PathBuf) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RemoteError>>,
+    {
+        // Each try that is discarded means a rename or unlink through the mount started
+        // meanwhile; a file whose names keep changing that fast is given up on.
+        const TRIES: usize = 8;
+        for _ in 0..TRIES {
+            let mark = self.names.quiet().await;
+            let path = self
+                .path_of(ino)
+                .map_err(|e| RemoteError::Status(Status::NoSuchFile, e.context))?;
+            match open(path.clone()).await {
+                Ok(opened) if !self.names.since(mark) => return Ok((opened, path)),
+                Ok(opened) => discard(opened),
+                Err(e) if !self.names.since(mark) => return Err(e),
+                // The name may have moved meanwhile: look it up again.
+                Err(_) => {}
+            }
+        }
+        Err(RemoteError::Status(
+            Status::Failure,
+            format!("inode {ino}: its name kept changing while it was being opened"),
+        ))
+    }
+
+    /// Before a rename or unlink through the mount changes the name of `ino`: writes of it
+    /// that a lost connection took are sent again first, by the name they were written under,
+    /// in program order (the file renamed over it or created in its place must not get them).
+    async fn settle_lost_writes(self: &Arc<Self>, ino: Option<Ino>) {
+        let Some(ino) = ino else { return };
+        let lost = self
+            .writers_of(ino)
+            .first()
+            .is_some_and(|f| f.stream.has_lost_writes());
+        if lost {
+            self.drain_inode(ino).await;
+        }
     }
 
     pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
@@ -2295,10 +2388,9 @@ impl<R: Remote> Fs<R> {
         let (handle, version) = file.versioned_handle().await;
         match op(handle).await {
             Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
-                let handle = self
-                    .reopen(file, version)
-                    .await
-                    .map_err(|e| RemoteError::Disconnected(e.context))?;
+                let (handle, _) = self.reopen(file, version).await.map_err(|e| {
+                    RemoteError::Disconnected(format!("cannot reopen after reconnect: {e}"))
+                })?;
                 op(handle).await
             }
             r => r,

@@ -4399,3 +4399,147 @@ async fn behind_held_attribute_changes_keep_program_order() {
     .await;
     h.fs.release(fh).await.unwrap();
 }
+
+// -------------------------------------------- writes lost at a drop, and names changing
+
+/// Wait (up to 30 s) for `done`.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !done() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// An editor's atomic save during an outage: a write to the old file is lost with the
+/// connection, and the program renames a new version over the old name. The lost write is
+/// sent again to the old file, by its name, before the rename is (program order): the new
+/// file is not touched and nothing is reported. (It used to be reopened by the name after
+/// the rename had landed, so the new file got the old file's bytes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_lost_at_a_drop_lands_before_a_rename_over_its_name() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "b").await;
+    h.write(fh, 0, b"old version").await;
+    h.fs.flush(fh).await.unwrap();
+    let (_, t) = h.create(ROOT, "b.tmp").await;
+    h.write(t, 0, b"NEW VERSION").await;
+    h.fs.flush(t).await.unwrap();
+    h.fs.release(t).await.unwrap();
+    h.plan.disconnect_after_next(ROp::Write);
+    h.write(fh, 0, b"OLD").await;
+    until_disconnected(&h).await;
+    // The resend's reopen (by the name "b") is held at the server's door.
+    h.plan.hold(ROp::Open);
+    h.plan.restore();
+    h.plan.until_held(ROp::Open, 1).await;
+    let fs = h.fs.clone();
+    let mut rename =
+        tokio::spawn(async move { fs.rename(ROOT, os("b.tmp"), ROOT, os("b"), 0).await });
+    assert!(
+        still_waiting(&mut rename).await,
+        "the rename did not wait for the write the drop took"
+    );
+    h.plan.release(ROp::Open);
+    rename.await.unwrap().unwrap();
+    assert_eq!(std::fs::read(h.disk("b")).unwrap(), b"NEW VERSION");
+    assert_eq!(h.fs.stats.writes_sent_again.load(Ordering::Relaxed), 1);
+    h.fs.flush(fh)
+        .await
+        .expect("the write reached the old file: nothing to report");
+    h.fs.release(fh).await.unwrap();
+}
+
+/// A reopen by name whose OPEN raced a name change through the mount that nothing made wait
+/// (here a directory above the file moves, and another file takes the old path): the OPEN
+/// went to the old path, so its result is not kept and the file is opened again under its
+/// new name. (The lost write used to go into the other file.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopen_that_raced_a_rename_opens_the_file_under_its_new_name() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    let (_, fh) = h.create(d, "f").await;
+    h.write(fh, 0, b"------").await;
+    h.fs.flush(fh).await.unwrap();
+    h.plan.disconnect_after_next(ROp::Write);
+    h.write(fh, 0, b"data").await;
+    until_disconnected(&h).await;
+    h.plan.hold(ROp::Open);
+    h.plan.restore();
+    h.plan.until_held(ROp::Open, 1).await;
+    // The reopen has looked up "d/f"; before its OPEN is carried out the directory moves,
+    // and another "d/f" is made (all through the mount, on the server as such).
+    h.fs.rename(ROOT, os("d"), ROOT, os("e"), 0).await.unwrap();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::fs::write(h.disk("d/f"), b"other file").unwrap();
+    h.plan.release(ROp::Open);
+    until_sent_again(&h).await;
+    h.fs.flush(fh)
+        .await
+        .expect("the lost write was sent again to the file, under its new name");
+    assert_eq!(std::fs::read(h.disk("e/f")).unwrap(), b"data--");
+    assert_eq!(std::fs::read(h.disk("d/f")).unwrap(), b"other file");
+    h.fs.release(fh).await.unwrap();
+}
+
+/// A lost write whose file cannot be opened again for a reason a connection would not
+/// change (removed on the server during the outage) fails at once and is reported; it used
+/// to be taken for "no connection yet" and tried again every second, forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_write_whose_file_is_gone_is_reported_not_retried() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.plan.disconnect_after_next(ROp::Write);
+    h.write(fh, 0, b"data").await;
+    until_disconnected(&h).await;
+    std::fs::remove_file(h.disk("f")).unwrap();
+    let opens_before = h.plan.calls(ROp::Open);
+    h.plan.restore();
+    let file = h.fs.file(fh).unwrap();
+    until("the lost write failed for good", || {
+        h.plan.calls(ROp::Open) > opens_before && !file.stream.has_lost_writes()
+    })
+    .await;
+    assert_eq!(
+        h.plan.calls(ROp::Open),
+        opens_before + 1,
+        "tried more than once"
+    );
+    assert!(
+        h.fs.flush(fh).await.is_err(),
+        "the lost write was not reported"
+    );
+    let _ = h.fs.release(fh).await;
+}
+
+/// An attribute change behind the writes of a file created `O_EXCL|O_APPEND`, lost at a
+/// drop, is sent again (setting attributes twice is setting them once); only data through an
+/// append handle cannot be, since the server would append it twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_attribute_change_through_an_append_handle_is_sent_again() {
+    let h = Harness::new();
+    let flags = libc::O_CREAT | libc::O_EXCL | libc::O_WRONLY | libc::O_APPEND;
+    let (ino, fh) = h.create_with(ROOT, "log", flags).await;
+    h.plan.disconnect_after_next(ROp::Fsetstat);
+    h.fs.setattr(
+        ino,
+        Some(fh),
+        SetattrRequest {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    until_disconnected(&h).await;
+    h.plan.restore();
+    h.fs.flush(fh)
+        .await
+        .expect("a lost attribute change is sent again, not reported");
+    let mode = std::fs::metadata(h.disk("log"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    h.fs.release(fh).await.unwrap();
+}
