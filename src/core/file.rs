@@ -45,9 +45,10 @@
 //!   channel windows full with as much again queued (4 x 2 MiB per round trip: 400 MiB/s at
 //!   20 ms, 160 MiB/s at 50 ms, both above what one sshd and sftp-server write at loopback).
 //!
-//! Lanes are opened by path, like a reopen after a reconnect: the path is checked again after
-//! the open, and a file replaced behind the mount's back in that round trip is a risk SFTP v3
-//! cannot rule out (it has no inode numbers), the same as for a reopen.
+//! Lanes are opened by path, like a reopen after a reconnect, through `Fs::open_by_name`: kept
+//! only if no rename or unlink through the mount raced the open (see `names`). A file
+//! replaced behind the mount's back in that round trip is a risk SFTP v3 cannot rule out (it
+//! has no inode numbers), the same as for a reopen.
 //!
 //! **Attributes behind the writes.** `chmod`, `utimens` and a `chown` that keeps owner and
 //! group, of a file whose only descriptor created it (`O_EXCL`, so the server user owns it),
