@@ -2917,6 +2917,20 @@ fn output_into_a_closed_pipe_ends_the_command_quietly() {
     }
 }
 
+/// `-o debug` is the debug log, as `-d` is (and as sshfs takes it). It used to set up the log
+/// a second time, which does nothing once it is set up: the mount logged nothing.
+#[test]
+fn option_debug_turns_the_debug_log_on() {
+    let sshd = TestSshd::start();
+    let m = mount_policy_fg(&sshd, "", &["debug"]);
+    fs::read_dir(&m.mnt).unwrap().for_each(drop);
+    let log = m.stderr();
+    assert!(
+        log.contains(" DEBUG "),
+        "no debug log with -o debug:\n{log}"
+    );
+}
+
 #[test]
 fn check_policy_value_errors_name_the_line() {
     let s = Scratch::new();

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fuse;
 pub mod handoff;
 pub mod kernel_mount;
+pub mod logging;
 pub mod mount;
 pub mod mount_helper;
 pub mod mountinfo;

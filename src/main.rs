@@ -194,21 +194,6 @@ enum Command {
     },
 }
 
-fn init_logging(debug: bool) {
-    use tracing_subscriber::EnvFilter;
-    let filter = match std::env::var("AWCP_MOUNT_LOG") {
-        Ok(f) if !f.is_empty() => EnvFilter::new(f),
-        _ if debug => EnvFilter::new("awcp_mount=debug,info"),
-        _ => EnvFilter::new("warn"),
-    };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(false)
-        .try_init();
-}
-
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     let cli = match args.first() {
@@ -224,7 +209,16 @@ fn main() -> ExitCode {
         }
         _ => Cli::parse(),
     };
-    init_logging(cli.debug);
+    // `-o debug` counts as `-d` (as for sshfs). The log is set up once, before anything logs;
+    // a bad option list is reported by the mount itself.
+    let debug_option = cli.command.is_none() && {
+        let mut o = MountOptions::default();
+        for list in &cli.options {
+            let _ = o.apply_list(list);
+        }
+        o.debug
+    };
+    awcp_mount::logging::init(cli.debug || debug_option);
     match cli.command {
         Some(Command::Umount { mountpoint, lazy }) => exit(unmount::unmount(&mountpoint, lazy)),
         Some(Command::CheckPolicy { file }) => exit(check_policy(file)),
@@ -314,9 +308,6 @@ fn mount_command(cli: Cli) -> Result<(), String> {
         options.apply_list(list).map_err(|e| e.to_string())?;
     }
     let debug = cli.debug || options.debug;
-    if options.debug && !cli.debug {
-        init_logging(true);
-    }
     let req = MountRequest {
         remote,
         mountpoint,
