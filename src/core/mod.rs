@@ -1541,8 +1541,12 @@ impl<R: Remote> Fs<R> {
         let size = self.quota_size(ino, &path).await;
         self.settle_lost_writes(ino).await;
         self.snapshots_to_handles(ino).await;
-        let _change = self.names.start();
+        let _change = self.names.start(&[&path]);
         if let Err(e) = self.remote.remove(&path).await {
+            if let Some(ino) = ino.filter(|_| e.is_connection_error()) {
+                // Removed or not, nobody can tell: the file is not opened by name again.
+                self.names.set_uncertain(ino);
+            }
             return Err(self.explain(Op::Unlink, e, &path, None).await);
         }
         let gone = self.removed(parent, name);
@@ -1611,7 +1615,7 @@ impl<R: Remote> Fs<R> {
         // and charges again if the server refuses.
         let lives_on = self.removed(parent, name).is_some_and(data_lives_on);
         // The name is gone from the table now, before the REMOVE is sent.
-        self.names.bump();
+        self.names.bump(path);
         let given_back = self.enforcer.quota.name_removed(Some(ino), size, lives_on);
         self.stats.unlinks_behind.fetch_add(1, Ordering::Relaxed);
         let fs = self.clone();
@@ -1784,9 +1788,16 @@ impl<R: Remote> Fs<R> {
         self.settle_lost_writes(source_ino).await;
         self.settle_lost_writes(target).await;
         self.snapshots_to_handles(target).await;
-        // From here until the inode table shows the outcome, no live file is opened by name.
-        let _change = self.names.start();
+        // From here until the inode table shows the outcome, no live file is opened by these
+        // names (or names below them).
+        let _change = self.names.start(&[&from, &to]);
         if let Err(e) = self.remote.rename(&from, &to, mode).await {
+            if e.is_connection_error() {
+                // Carried out or not, nobody can tell: neither file is opened by name again.
+                for ino in [source_ino, target].into_iter().flatten() {
+                    self.names.set_uncertain(ino);
+                }
+            }
             let mut err = self.explain(Op::Rename, e, &to, Some(&from)).await;
             // Plain SFTP RENAME refuses an existing target with the generic FAILURE.
             if mode == RenameMode::NoReplace
@@ -2313,18 +2324,31 @@ impl<R: Remote> Fs<R> {
         F: Fn(PathBuf) -> Fut,
         Fut: std::future::Future<Output = Result<T, RemoteError>>,
     {
-        // Each try that is discarded means a rename or unlink through the mount started
-        // meanwhile; a file whose names keep changing that fast is given up on.
+        // Each try that is discarded means a rename or unlink through the mount of this very
+        // name (or of a directory above it) started meanwhile; a file whose name keeps
+        // changing that fast is given up on.
         const TRIES: usize = 8;
+        let no_name = |e: FsError| RemoteError::Status(Status::NoSuchFile, e.context);
         for _ in 0..TRIES {
-            let mark = self.names.quiet().await;
-            let path = self
-                .path_of(ino)
-                .map_err(|e| RemoteError::Status(Status::NoSuchFile, e.context))?;
+            if self.names.is_uncertain(ino) {
+                return Err(RemoteError::Status(
+                    Status::Failure,
+                    format!(
+                        "inode {ino}: a rename or unlink of it was cut off by a lost \
+                         connection, so the name it had may lead to another file now"
+                    ),
+                ));
+            }
+            let path = self.path_of(ino).map_err(no_name)?;
+            let mark = self.names.quiet_for(&path).await;
+            if self.path_of(ino).map_err(no_name)? != path {
+                // A change that was on its way has moved it: look again.
+                continue;
+            }
             match open(path.clone()).await {
-                Ok(opened) if !self.names.since(mark) => return Ok((opened, path)),
+                Ok(opened) if !self.names.touched_since(mark, &path) => return Ok((opened, path)),
                 Ok(opened) => discard(opened),
-                Err(e) if !self.names.since(mark) => return Err(e),
+                Err(e) if !self.names.touched_since(mark, &path) => return Err(e),
                 // The name may have moved meanwhile: look it up again.
                 Err(_) => {}
             }
