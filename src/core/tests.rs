@@ -1789,6 +1789,14 @@ async fn until_disconnected(h: &Harness) {
     panic!("the connection never dropped");
 }
 
+/// Write `data` at `offset` through `fh` with the connection dropping as the write is on the
+/// wire (the server does it, its answer is lost), and wait until the drop is seen.
+async fn write_lost_at_a_drop(h: &Harness, fh: u64, offset: u64, data: &[u8]) {
+    h.plan.disconnect_after_next(ROp::Write);
+    h.write(fh, offset, data).await;
+    until_disconnected(h).await;
+}
+
 /// Wait (boundedly) until the mount has sent a lost write again, with no operation on the
 /// file meanwhile.
 async fn until_sent_again(h: &Harness) {
@@ -1833,9 +1841,7 @@ async fn reconnect_write_in_flight_at_disconnect_is_sent_again_in_order() {
 async fn reconnect_write_in_flight_at_disconnect_is_sent_again_by_a_flush() {
     let h = Harness::new();
     let (_, fh) = h.create(ROOT, "f").await;
-    h.plan.disconnect_after_next(ROp::Write);
-    h.write(fh, 0, b"only").await;
-    until_disconnected(&h).await;
+    write_lost_at_a_drop(&h, fh, 0, b"only").await;
     // Someone changes the bytes on the server meanwhile; sending again puts ours back, as
     // the write landing late would have.
     std::fs::write(h.disk("f"), b"XXXX").unwrap();
@@ -1877,9 +1883,7 @@ async fn reconnect_a_lost_write_is_sent_again_without_waiting_for_the_next_opera
 async fn reconnect_a_lost_write_is_sent_again_once_the_connection_is_back() {
     let h = Harness::new();
     let (_, fh) = h.create(ROOT, "f").await;
-    h.plan.disconnect_after_next(ROp::Write);
-    h.write(fh, 0, b"data").await;
-    until_disconnected(&h).await;
+    write_lost_at_a_drop(&h, fh, 0, b"data").await;
     // The loss is back and the first try found no connection.
     tokio::time::sleep(Duration::from_millis(200)).await;
     std::fs::write(h.disk("f"), b"").unwrap();
@@ -1898,9 +1902,7 @@ async fn reconnect_a_read_waits_for_the_writes_to_be_sent_again() {
     let (f, fh) = h.create(ROOT, "f").await;
     h.write(fh, 0, b"old!").await;
     h.fs.flush(fh).await.unwrap();
-    h.plan.disconnect_after_next(ROp::Write);
-    h.write(fh, 0, b"new!").await;
-    until_disconnected(&h).await;
+    write_lost_at_a_drop(&h, fh, 0, b"new!").await;
     // As if the server had not done it: only sending it again can make the read right. (Let
     // its lost answer come back first, so that nothing is in flight any more.)
     std::fs::write(h.disk("f"), b"old!").unwrap();
@@ -4426,9 +4428,7 @@ async fn a_write_lost_at_a_drop_lands_before_a_rename_over_its_name() {
     h.write(t, 0, b"NEW VERSION").await;
     h.fs.flush(t).await.unwrap();
     h.fs.release(t).await.unwrap();
-    h.plan.disconnect_after_next(ROp::Write);
-    h.write(fh, 0, b"OLD").await;
-    until_disconnected(&h).await;
+    write_lost_at_a_drop(&h, fh, 0, b"OLD").await;
     // The resend's reopen (by the name "b") is held at the server's door.
     h.plan.hold(ROp::Open);
     h.plan.restore();
@@ -4461,9 +4461,7 @@ async fn a_reopen_that_raced_a_rename_opens_the_file_under_its_new_name() {
     let (_, fh) = h.create(d, "f").await;
     h.write(fh, 0, b"------").await;
     h.fs.flush(fh).await.unwrap();
-    h.plan.disconnect_after_next(ROp::Write);
-    h.write(fh, 0, b"data").await;
-    until_disconnected(&h).await;
+    write_lost_at_a_drop(&h, fh, 0, b"data").await;
     h.plan.hold(ROp::Open);
     h.plan.restore();
     h.plan.until_held(ROp::Open, 1).await;
@@ -4489,9 +4487,7 @@ async fn a_reopen_that_raced_a_rename_opens_the_file_under_its_new_name() {
 async fn a_lost_write_whose_file_is_gone_is_reported_not_retried() {
     let h = Harness::new();
     let (_, fh) = h.create(ROOT, "f").await;
-    h.plan.disconnect_after_next(ROp::Write);
-    h.write(fh, 0, b"data").await;
-    until_disconnected(&h).await;
+    write_lost_at_a_drop(&h, fh, 0, b"data").await;
     std::fs::remove_file(h.disk("f")).unwrap();
     let opens_before = h.plan.calls(ROp::Open);
     h.plan.restore();
@@ -4593,9 +4589,7 @@ async fn a_reopen_is_not_disturbed_by_name_changes_elsewhere() {
     let (_, fh) = h.create(ROOT, "f").await;
     h.write(fh, 0, b"------").await;
     h.fs.flush(fh).await.unwrap();
-    h.plan.disconnect_after_next(ROp::Write);
-    h.write(fh, 0, b"data").await;
-    until_disconnected(&h).await;
+    write_lost_at_a_drop(&h, fh, 0, b"data").await;
     h.plan.hold(ROp::Open);
     h.plan.restore();
     h.plan.until_held(ROp::Open, 1).await;
