@@ -43,31 +43,46 @@ const REPLY_TARGET: &str = "fuser::reply";
 const REPLY_FAILED: &str = "Failed to send FUSE reply";
 const ENOENT_SUFFIX: &str = "(os error 2)";
 
+/// The target `tracing-log` gives every record of the `log` crate (fuser logs through it);
+/// the record's own target is in its `log.target` field.
+const LOG_BRIDGE_TARGET: &str = "log";
+
 impl<S: Subscriber> Layer<S> for DroppedReplies {
     fn event_enabled(&self, event: &Event<'_>, _cx: Context<'_, S>) -> bool {
-        if self.show || event.metadata().target() != REPLY_TARGET {
+        let target = event.metadata().target();
+        if self.show || (target != REPLY_TARGET && target != LOG_BRIDGE_TARGET) {
             return true;
         }
-        let mut message = Message::default();
-        event.record(&mut message);
-        !(message.0.starts_with(REPLY_FAILED) && message.0.ends_with(ENOENT_SUFFIX))
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let target = fields.log_target.as_deref().unwrap_or(target);
+        !(target == REPLY_TARGET
+            && fields.message.starts_with(REPLY_FAILED)
+            && fields.message.ends_with(ENOENT_SUFFIX))
     }
 }
 
-/// An event's `message` field, as text.
+/// An event's `message` and, for a record of the `log` crate, its `log.target`.
 #[derive(Default)]
-struct Message(String);
+struct Fields {
+    message: String,
+    log_target: Option<String>,
+}
 
-impl Visit for Message {
+impl Visit for Fields {
     fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-        if field.name() == "message" {
-            self.0 = format!("{value:?}");
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "log.target" => self.log_target = Some(format!("{value:?}")),
+            _ => {}
         }
     }
 
     fn record_str(&mut self, field: &Field, value: &str) {
-        if field.name() == "message" {
-            self.0 = value.to_string();
+        match field.name() {
+            "message" => self.message = value.to_string(),
+            "log.target" => self.log_target = Some(value.to_string()),
+            _ => {}
         }
     }
 }
@@ -87,7 +102,9 @@ mod tests {
         }
     }
 
-    /// How many of fuser's reply errors (ENOENT, EINVAL) and of our own errors get through.
+    /// How many of fuser's reply errors (ENOENT, EINVAL; as `tracing` events and as records of
+    /// the `log` crate come through `tracing-log`: target "log", the real one in a field) and
+    /// of our own errors get through.
     fn shown(show: bool) -> usize {
         let n = Arc::new(AtomicUsize::new(0));
         let subscriber = tracing_subscriber::registry()
@@ -100,16 +117,23 @@ mod tests {
             tracing::error!(target: "fuser::reply", "Failed to send FUSE reply: {einval}");
             tracing::warn!(target: "fuser::reply", "Reply not sent for operation 7, replying with I/O error");
             tracing::error!(target: "awcp_mount::mount", "something of ours: {enoent}");
+            tracing::error!(target: "log", { log.target = "fuser::reply" }, "Failed to send FUSE reply: {enoent}");
+            tracing::error!(target: "log", { log.target = "fuser::reply" }, "Failed to send FUSE reply: {einval}");
+            tracing::error!(target: "log", { log.target = "other::crate" }, "Failed to send FUSE reply: {enoent}");
         });
         n.load(Ordering::Relaxed)
     }
 
     #[test]
     fn only_replies_the_kernel_no_longer_wanted_are_kept_out_unless_asked_for() {
-        assert_eq!(shown(false), 3, "only the ENOENT reply error is kept out");
+        assert_eq!(
+            shown(false),
+            5,
+            "only fuser's ENOENT reply errors are kept out"
+        );
         assert_eq!(
             shown(true),
-            4,
+            7,
             "everything shows when the log was asked for"
         );
     }
