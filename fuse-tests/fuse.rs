@@ -3527,13 +3527,24 @@ fn fsx_run(m: &TestMount, seed: u64, ops: usize) {
     );
 }
 
-/// fsx-style model check on the default mount (caches on), and with every cache off: two
-/// runs of 3,000 random operations each (see [`fsx_run`]).
+/// fsx-style model check on the default mount (caches on), and with every cache off: runs
+/// of 3,000 random operations each (see [`fsx_run`]). `AWCP_FSX_SEEDS=N` runs N more seeds
+/// on each mount, for a longer hunt than CI's.
 #[test]
 fn fsx_random_operations_match_a_model() {
+    let more: u64 = std::env::var("AWCP_FSX_SEEDS")
+        .ok()
+        .map(|n| n.parse().expect("AWCP_FSX_SEEDS: a number of seeds"))
+        .unwrap_or(0);
     let m = TestMount::start(&[]);
     fsx_run(&m, 1, 3000);
     fsx_run(&m, 2, 3000);
+    for seed in 100..100 + more {
+        fsx_run(&m, seed, 3000);
+    }
     let m = TestMount::start(&[NO_CACHE]);
     fsx_run(&m, 3, 3000);
+    for seed in 1000..1000 + more {
+        fsx_run(&m, seed, 3000);
+    }
 }
