@@ -1005,3 +1005,31 @@ fn serial_small_read_latency() {
         rt.block_on(r.close(&h)).unwrap();
     }
 }
+
+/// A connection lost while the server is still deciding on the key is a network failure,
+/// which a reconnect tries again, not a refusal, which ends a reconnect for good (the mount
+/// then goes). russh reports both as "failure, no methods left"; what differs is whether
+/// the session is still there. (Found with connections killed every 60 ms under load: a
+/// kill during a reconnect's authentication took the mount down.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_lost_during_authentication_is_not_a_refusal() {
+    // The server looks the key up with a command that takes 60 s: time to cut the connection.
+    let sshd = TestSshd::start_with_config(
+        "AuthorizedKeysFile none\nAuthorizedKeysCommand /usr/bin/sleep 60\nAuthorizedKeysCommandUser nobody\n",
+    );
+    let pid = sshd.pid();
+    let cut = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !common::sshd::has_descendant_named(pid, "sleep") {
+            assert!(Instant::now() < deadline, "the key lookup never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        common::sshd::kill_descendants(pid)
+    });
+    let e = SftpRemote::connect(sshd.sftp_config())
+        .await
+        .expect_err("the connection was cut during authentication");
+    assert!(cut.await.unwrap() > 0);
+    // (A key the server does not have is still a refusal: see the authentication test above.)
+    assert_eq!(e.kind(), ConnectErrorKind::Network, "{e}");
+}

@@ -240,19 +240,7 @@ impl TestSshd {
     /// Kill the per-connection sshd processes (children of our sshd), which drops every
     /// client connection while the server keeps listening. Returns how many were killed.
     pub fn kill_connections(&self) -> usize {
-        let mut killed = 0;
-        for pid in descendants(self.pid() as i32) {
-            // Only descendants of the sshd this harness started.
-            if nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .is_ok()
-            {
-                killed += 1;
-            }
-        }
-        killed
+        kill_descendants(self.pid())
     }
 
     /// Open file descriptors of all SFTP server processes of this sshd (`internal-sftp`), to
@@ -335,6 +323,30 @@ impl Drop for TestSshd {
 }
 
 /// All descendants of `root`, parents before children.
+/// SIGKILL every descendant of the sshd `root` (this harness's own: see
+/// [`TestSshd::kill_connections`]); how many were killed.
+pub fn kill_descendants(root: u32) -> usize {
+    let mut killed = 0;
+    for pid in descendants(root as i32) {
+        if nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    killed
+}
+
+/// Whether a descendant of `root` runs the program `comm` (as /proc/PID/comm names it).
+pub fn has_descendant_named(root: u32, comm: &str) -> bool {
+    descendants(root as i32).into_iter().any(|pid| {
+        fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == comm)
+    })
+}
+
 fn descendants(root: i32) -> Vec<i32> {
     let mut out = Vec::new();
     let mut queue = vec![root];

@@ -399,6 +399,19 @@ pub(crate) async fn establish(
     }
 }
 
+/// Whether the SSH session behind `handle` has ended. Its task closes the channel of
+/// replies first and the one of commands as it drops, so the second gets a moment. (Only a
+/// failure that names no method left asks: OpenSSH's refusals name them.)
+async fn session_ended(handle: &SshHandle) -> bool {
+    for _ in 0..20 {
+        if handle.is_closed() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    false
+}
+
 async fn authenticate(
     handle: &mut SshHandle,
     cfg: &SshConfig,
@@ -444,6 +457,17 @@ async fn authenticate(
                 id.description
             );
             Ok(())
+        }
+        AuthResult::Failure {
+            remaining_methods,
+            partial_success,
+        } if remaining_methods.is_empty() && !partial_success && session_ended(handle).await => {
+            // russh answers "failure, no methods left" when the session ends before the
+            // server's answer (its reply channel closed): a connection lost during
+            // authentication, not a refusal. Taken for a refusal, it ended a reconnect for good.
+            Err(ConnectError::network(format!(
+                "the connection to {target} was closed during authentication"
+            )))
         }
         AuthResult::Failure {
             remaining_methods,
