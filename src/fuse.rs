@@ -597,6 +597,85 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         });
     }
 
+    // What SFTP v3 cannot do, answered ENOSYS here rather than by fuser's defaults, which
+    // answer the same but log "[Not Implemented]" at WARN (in the journal of every mount
+    // where a program asks). The kernel makes each answer what a local filesystem without
+    // the feature gives: it remembers ENOSYS for lseek (SEEK_DATA/SEEK_HOLE then treat the
+    // file as all data), fallocate (EOPNOTSUPP; glibc's posix_fallocate writes zeros),
+    // copy_file_range (it copies through read and write) and poll (always ready); an
+    // unknown ioctl becomes ENOTTY. (Locks never come here: POSIX locks are not asked for in
+    // `init`, so the kernel keeps them locally.)
+    fn lseek(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: i64,
+        _whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _length: u64,
+        _mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn copy_file_range(
+        &self,
+        _req: &Request,
+        _ino_in: INodeNo,
+        _fh_in: FileHandle,
+        _offset_in: u64,
+        _ino_out: INodeNo,
+        _fh_out: FileHandle,
+        _offset_out: u64,
+        _len: u64,
+        _flags: fuser::CopyFileRangeFlags,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: fuser::PollNotifier,
+        _events: fuser::PollEvents,
+        _flags: fuser::PollFlags,
+        reply: fuser::ReplyPoll,
+    ) {
+        reply.error(Errno::ENOSYS);
+    }
+
     fn statfs(&self, req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let fs = self.fs.clone();
         self.spawn("statfs", req, async move {
