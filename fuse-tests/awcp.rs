@@ -859,6 +859,31 @@ fn hostile_inputs_are_refused_precisely() {
     let (st, v) = c.req(reqwest::Method::POST, "/awcp", Some(big));
     assert_eq!(st, 413, "{v}");
     assert!(v["error"].as_str().unwrap().contains("65536"), "{v}");
+    // The same from a client that sends all of a body far larger than the socket buffers
+    // before reading: the server reads it to its end, so the 413 reaches the client (it used
+    // to close with the body unread: the kernel reset the connection under the client's
+    // writes, and reqwest above failed with "error sending request" now and then).
+    {
+        use std::io::{Read, Write};
+        let addr = c.base().trim_start_matches("http://").to_string();
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(DEADLINE)).unwrap();
+        s.set_write_timeout(Some(DEADLINE)).unwrap();
+        let body = vec![b' '; 32 * 1024 * 1024];
+        write!(
+            s,
+            "POST /awcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        s.write_all(&body)
+            .expect("the server stopped reading the body before its end");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        assert!(answer.contains("max_body_bytes"), "{answer}");
+    }
     let keys = tempfile::tempdir().unwrap();
     let cred = credential(&sshd, keys.path());
     let (st, v) = c.post(&start_msg(

@@ -41,6 +41,7 @@ pub fn router(exec: Arc<Executor>) -> Router {
         .route("/.well-known/agent-card.json", get(agent_card))
         .fallback(|| async { reply(404, json!({"error": "no such route"})) })
         .layer(DefaultBodyLimit::max(max))
+        .layer(middleware::from_fn_with_state(exec.clone(), bounded_body))
         .layer(middleware::from_fn_with_state(exec.clone(), guard))
         .with_state(exec)
 }
@@ -90,6 +91,50 @@ async fn guard(
     }
     .instrument(span)
     .await
+}
+
+/// How much of a body over `[serve] max_body_bytes` is read (and thrown away) before the 413
+/// goes out; past it the connection is closed.
+const DRAIN_LIMIT: usize = 64 * 1024 * 1024;
+
+/// A body over the limit is read to its end (up to [`DRAIN_LIMIT`], keeping nothing past the
+/// limit) before the 413 is answered. A server that answers and closes with unread data in
+/// its socket makes the kernel reset the connection, and a client still sending then sees
+/// "connection reset" instead of the 413 and its message (the lingering close of web
+/// servers). A body within the limit goes on to the route as it came.
+async fn bounded_body(State(exec): Exec, req: Request, next: Next) -> Response {
+    use futures_util::StreamExt as _;
+    let max = exec.settings.serve.max_body_bytes;
+    let (parts, body) = req.into_parts();
+    let mut chunks = body.into_data_stream();
+    let mut kept = bytes::BytesMut::new();
+    let mut total = 0usize;
+    while let Some(chunk) = chunks.next().await {
+        let chunk = match chunk {
+            Ok(c) => c,
+            Err(e) => {
+                return reply(
+                    400,
+                    json!({"error": format!("cannot read the request body: {e}")}),
+                )
+            }
+        };
+        total = total.saturating_add(chunk.len());
+        if total <= max {
+            kept.extend_from_slice(&chunk);
+        } else if total > DRAIN_LIMIT {
+            break;
+        }
+    }
+    if total > max {
+        tracing::debug!(total, "request body over the limit");
+        return reply(
+            413,
+            json!({"error": format!("request body larger than {max} bytes ([serve] max_body_bytes)")}),
+        );
+    }
+    let req = Request::from_parts(parts, axum::body::Body::from(kept.freeze()));
+    next.run(req).await
 }
 
 fn body_error(rej: BytesRejection, max: usize) -> Response {
