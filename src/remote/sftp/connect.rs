@@ -403,7 +403,8 @@ pub(crate) async fn establish(
 /// replies first and the one of commands as it drops, so the second gets a moment. (Only a
 /// failure that names no method left asks: OpenSSH's refusals name them.)
 async fn session_ended(handle: &SshHandle) -> bool {
-    for _ in 0..20 {
+    // Up to a second: the two close in one drop, but a loaded machine may stall between.
+    for _ in 0..200 {
         if handle.is_closed() {
             return true;
         }
