@@ -1601,11 +1601,7 @@ impl<R: Remote> Fs<R> {
             return false;
         }
         // Writes a lost connection took must reach the file by this name first.
-        if self
-            .writers_of(ino)
-            .first()
-            .is_some_and(|f| f.stream.has_lost_writes())
-        {
+        if self.has_lost_writes(ino) {
             return false;
         }
         if !self.removes_behind.begin(parent, name) {
@@ -2363,14 +2359,17 @@ impl<R: Remote> Fs<R> {
     /// that a lost connection took are sent again first, by the name they were written under,
     /// in program order (the file renamed over it or created in its place must not get them).
     async fn settle_lost_writes(self: &Arc<Self>, ino: Option<Ino>) {
-        let Some(ino) = ino else { return };
-        let lost = self
-            .writers_of(ino)
-            .first()
-            .is_some_and(|f| f.stream.has_lost_writes());
-        if lost {
+        if let Some(ino) = ino.filter(|&i| self.has_lost_writes(i)) {
             self.drain_inode(ino).await;
         }
+    }
+
+    /// Whether writes of `ino` that a lost connection took are waiting to be sent again (all
+    /// its descriptors share one write stream).
+    fn has_lost_writes(&self, ino: Ino) -> bool {
+        self.writers_of(ino)
+            .first()
+            .is_some_and(|f| f.stream.has_lost_writes())
     }
 
     pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {

@@ -4404,15 +4404,6 @@ async fn behind_held_attribute_changes_keep_program_order() {
 
 // -------------------------------------------- writes lost at a drop, and names changing
 
-/// Wait (up to 30 s) for `done`.
-async fn until(what: &str, done: impl Fn() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !done() {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-}
-
 /// An editor's atomic save during an outage: a write to the old file is lost with the
 /// connection, and the program renames a new version over the old name. The lost write is
 /// sent again to the old file, by its name, before the rename is (program order): the new
@@ -4492,7 +4483,7 @@ async fn a_lost_write_whose_file_is_gone_is_reported_not_retried() {
     h.plan.restore();
     let file = h.fs.file(fh).unwrap();
     // (It used to stay lost, put back for the next try, forever.)
-    until("the lost write failed for good", || {
+    eventually("the lost write failed for good", || {
         !file.stream.has_lost_writes()
     })
     .await;

@@ -128,21 +128,22 @@ async fn bounded_body(State(exec): Exec, req: Request, next: Next) -> Response {
     }
     if total > max {
         tracing::debug!(total, "request body over the limit");
-        return reply(
-            413,
-            json!({"error": format!("request body larger than {max} bytes ([serve] max_body_bytes)")}),
-        );
+        return too_large(max);
     }
     let req = Request::from_parts(parts, axum::body::Body::from(kept.freeze()));
     next.run(req).await
 }
 
+fn too_large(max: usize) -> Response {
+    reply(
+        413,
+        json!({"error": format!("request body larger than {max} bytes ([serve] max_body_bytes)")}),
+    )
+}
+
 fn body_error(rej: BytesRejection, max: usize) -> Response {
     if rej.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        reply(
-            413,
-            json!({"error": format!("request body larger than {max} bytes ([serve] max_body_bytes)")}),
-        )
+        too_large(max)
     } else {
         reply(
             400,
