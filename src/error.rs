@@ -40,6 +40,8 @@ impl FsError {
                 | libc::EXDEV
                 | libc::ENODATA
                 | libc::ENOSYS
+                // A copy_file_range left to the kernel's read-and-write copy (core::copy).
+                | libc::EOPNOTSUPP
         )
     }
 }

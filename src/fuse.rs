@@ -601,9 +601,8 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     // answer the same but log "[Not Implemented]" at WARN (in the journal of every mount
     // where a program asks). The kernel makes each answer what a local filesystem without
     // the feature gives: it remembers ENOSYS for lseek (SEEK_DATA/SEEK_HOLE then treat the
-    // file as all data), fallocate (EOPNOTSUPP; glibc's posix_fallocate writes zeros),
-    // copy_file_range (it copies through read and write) and poll (always ready); an
-    // unknown ioctl becomes ENOTTY. (Locks never come here: POSIX locks are not asked for in
+    // file as all data), fallocate (EOPNOTSUPP; glibc's posix_fallocate writes zeros) and
+    // poll (always ready); an unknown ioctl becomes ENOTTY. (Locks never come here: POSIX locks are not asked for in
     // `init`, so the kernel keeps them locally.)
     fn lseek(
         &self,
@@ -630,21 +629,32 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         reply.error(Errno::ENOSYS);
     }
 
+    /// Done by the server when it can (see `core::copy`); otherwise answered so that the
+    /// kernel copies through read and write.
     #[allow(clippy::too_many_arguments)]
     fn copy_file_range(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino_in: INodeNo,
-        _fh_in: FileHandle,
-        _offset_in: u64,
+        fh_in: FileHandle,
+        offset_in: u64,
         _ino_out: INodeNo,
-        _fh_out: FileHandle,
-        _offset_out: u64,
-        _len: u64,
+        fh_out: FileHandle,
+        offset_out: u64,
+        len: u64,
         _flags: fuser::CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        reply.error(Errno::ENOSYS);
+        let fs = self.fs.clone();
+        self.spawn("copy_file_range", req, async move {
+            match fs
+                .copy_file_range(fh_in.0, offset_in, fh_out.0, offset_out, len)
+                .await
+            {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(&e)),
+            }
+        });
     }
 
     #[allow(clippy::too_many_arguments)]

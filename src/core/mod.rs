@@ -8,6 +8,7 @@
 //! that are only ever held for a few map operations, never across an `.await`.
 
 pub mod cache;
+mod copy;
 pub mod errno;
 pub mod file;
 pub mod inode;
@@ -167,6 +168,9 @@ pub struct Stats {
     /// Writes (and attribute changes behind them) on the wire when the connection was lost,
     /// sent again on the new one (see `file::catch_up`).
     pub writes_sent_again: AtomicU64,
+    /// Bytes copied by the server for `copy_file_range` (see `copy`), without crossing the
+    /// link.
+    pub bytes_copied_on_server: AtomicU64,
 }
 
 /// How many subdirectory listings may wait to be prefetched, for the whole mount. Past that,

@@ -4607,3 +4607,5 @@ async fn a_reopen_is_not_disturbed_by_name_changes_elsewhere() {
     );
     h.fs.release(fh).await.unwrap();
 }
+
+mod copy;

@@ -70,10 +70,13 @@ pub enum Op {
     Hardlink,
     Statvfs,
     Realpath,
+    /// `open_beside`: the source of a server-side copy.
+    OpenBeside,
+    CopyData,
 }
 
 impl Op {
-    pub const ALL: [Op; 23] = [
+    pub const ALL: [Op; 25] = [
         Op::Lstat,
         Op::Stat,
         Op::Fstat,
@@ -97,6 +100,8 @@ impl Op {
         Op::Hardlink,
         Op::Statvfs,
         Op::Realpath,
+        Op::OpenBeside,
+        Op::CopyData,
     ];
 
     fn index(self) -> usize {
@@ -676,6 +681,42 @@ impl<R: Remote> FaultyRemote<R> {
         self.plan.verdict(ticket)?;
         result
     }
+
+    /// A handle the wrapped remote opened (`result`) under `ticket`, kept as a server keeps
+    /// it: closed when the plan says the reply was lost (the handle is unreachable) or the
+    /// connection dropped meanwhile.
+    async fn adopt<X>(
+        &self,
+        ticket: Ticket,
+        result: RemoteResult<(R::Handle, X)>,
+    ) -> RemoteResult<(FaultyHandle<R::Handle>, X)> {
+        let generation = ticket.generation;
+        if let Err(e) = self.plan.verdict(ticket) {
+            // The server opened it but the reply was lost: the handle is unreachable.
+            if let Ok((handle, _)) = result {
+                let _ = self.inner.close(&handle).await;
+            }
+            return Err(e);
+        }
+        let (inner, extra) = result?;
+        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
+        self.open_table().insert(id, (generation, inner.clone()));
+        if self.plan.generation() != generation {
+            // Dropped just now: close it unless the reaper already has.
+            let entry = self.open_table().remove(&id);
+            if let Some((_, handle)) = entry {
+                let _ = self.inner.close(&handle).await;
+            }
+            return Err(disconnected());
+        }
+        let handle = FaultyHandle {
+            inner,
+            generation,
+            id,
+            lane: false,
+        };
+        Ok((handle, extra))
+    }
 }
 
 impl<R: Remote> Remote for FaultyRemote<R> {
@@ -722,32 +763,38 @@ impl<R: Remote> Remote for FaultyRemote<R> {
 
     async fn open(&self, path: &Path, flags: OpenFlags, perm: u32) -> RemoteResult<Self::Handle> {
         let ticket = self.enter(Op::Open, None).await?;
-        let generation = ticket.generation;
         let result = self.inner.open(path, flags, perm).await;
-        if let Err(e) = self.plan.verdict(ticket) {
-            // The server opened it but the reply was lost: the handle is unreachable.
-            if let Ok(handle) = result {
-                let _ = self.inner.close(&handle).await;
-            }
-            return Err(e);
+        self.adopt(ticket, result.map(|h| (h, ())))
+            .await
+            .map(|(h, ())| h)
+    }
+
+    async fn open_beside(
+        &self,
+        path: &Path,
+        beside: &Self::Handle,
+    ) -> RemoteResult<(Self::Handle, Attrs)> {
+        let ticket = self.enter(Op::OpenBeside, Some(beside.generation)).await?;
+        let result = self.inner.open_beside(path, &beside.inner).await;
+        self.adopt(ticket, result).await
+    }
+
+    async fn copy_data(
+        &self,
+        from: &Self::Handle,
+        from_offset: u64,
+        len: u64,
+        to: &Self::Handle,
+        to_offset: u64,
+    ) -> RemoteResult<()> {
+        if from.generation != to.generation {
+            return Err(RemoteError::StaleHandle);
         }
-        let inner = result?;
-        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        self.open_table().insert(id, (generation, inner.clone()));
-        if self.plan.generation() != generation {
-            // Dropped just now: close it unless the reaper already has.
-            let entry = self.open_table().remove(&id);
-            if let Some((_, handle)) = entry {
-                let _ = self.inner.close(&handle).await;
-            }
-            return Err(disconnected());
-        }
-        Ok(FaultyHandle {
-            inner,
-            generation,
-            id,
-            lane: false,
+        self.forward_handle(Op::CopyData, to, || {
+            self.inner
+                .copy_data(&from.inner, from_offset, len, &to.inner, to_offset)
         })
+        .await
     }
 
     /// Forwarded; counted and faulted once per call as [`Op::OpenAlongside`]. The handles it

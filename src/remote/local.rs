@@ -573,6 +573,62 @@ impl Remote for LocalRemote {
         .await
     }
 
+    /// As sftp-server's `copy-data`: the same handle, path or file on both sides is refused,
+    /// the copy goes through a 64 KiB buffer, and a source that ends early answers `Eof`.
+    async fn copy_data(
+        &self,
+        from: &LocalHandle,
+        from_offset: u64,
+        len: u64,
+        to: &LocalHandle,
+        to_offset: u64,
+    ) -> RemoteResult<()> {
+        let (src, dst) = (
+            from.file().ok_or_else(bad_handle)?,
+            to.file().ok_or_else(bad_handle)?,
+        );
+        let same_file = |a: &File, b: &File| -> RemoteResult<bool> {
+            let (a, b) = (
+                a.metadata().map_err(io_error)?,
+                b.metadata().map_err(io_error)?,
+            );
+            Ok(a.dev() == b.dev() && a.ino() == b.ino())
+        };
+        if from.path() == to.path() || same_file(&src, &dst)? {
+            return Err(RemoteError::Status(
+                Status::Failure,
+                "copy-data within one file".into(),
+            ));
+        }
+        let append = to.flags().append;
+        blocking(move || {
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut done = 0u64;
+            while done < len {
+                let want = (len - done).min(buf.len() as u64) as usize;
+                let n = loop {
+                    match src.read_at(&mut buf[..want], from_offset + done) {
+                        Ok(n) => break n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                        Err(e) => return Err(io_error(e)),
+                    }
+                };
+                if n == 0 {
+                    return Err(RemoteError::Status(Status::Eof, "end of file".into()));
+                }
+                if append {
+                    (&*dst).write_all(&buf[..n])
+                } else {
+                    dst.write_all_at(&buf[..n], to_offset + done)
+                }
+                .map_err(io_error)?;
+                done += n as u64;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn fsync(&self, handle: &LocalHandle) -> RemoteResult<()> {
         // sftp-server answers NO_SUCH_FILE to fsync on an unknown handle.
         let file = handle.file().ok_or_else(|| errno_error(libc::ENOENT))?;

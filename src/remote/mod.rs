@@ -400,6 +400,44 @@ pub trait Remote: Send + Sync + 'static {
         }
     }
     fn fsync(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
+    /// Open `path` for reading (never creating) where a server-side copy can pair the new
+    /// handle with `beside` (SFTP handles belong to one `sftp-server` process: the same
+    /// channel), together with the attributes of what the path leads to (following a
+    /// symlink, as the OPEN does), in one round trip. The default opens anywhere: a remote
+    /// without channels can pair any two handles.
+    fn open_beside(
+        &self,
+        path: &Path,
+        beside: &Self::Handle,
+    ) -> impl Future<Output = RemoteResult<(Self::Handle, Attrs)>> + Send {
+        let _ = beside;
+        async move {
+            let h = self.open(path, OpenFlags::read_only(), 0).await?;
+            match self.fstat(&h).await {
+                Ok(a) => Ok((h, a)),
+                Err(e) => {
+                    let _ = self.close(&h).await;
+                    Err(e)
+                }
+            }
+        }
+    }
+    /// Copy `len` bytes at `from_offset` of the file open as `from` to `to_offset` of the
+    /// file open as `to`, on the server, without the data crossing the link (OpenSSH's
+    /// `copy-data` extension). Both handles must come from the same place (see
+    /// [`Remote::open_beside`]). `Status::Eof` if the source ends before `len` bytes, in
+    /// which case an unknown part was copied. The default: `Unsupported`.
+    fn copy_data(
+        &self,
+        from: &Self::Handle,
+        from_offset: u64,
+        len: u64,
+        to: &Self::Handle,
+        to_offset: u64,
+    ) -> impl Future<Output = RemoteResult<()>> + Send {
+        let _ = (from, from_offset, len, to, to_offset);
+        async { Err(RemoteError::Unsupported("copy-data")) }
+    }
     fn close(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
 
     fn remove(&self, path: &Path) -> impl Future<Output = RemoteResult<()>> + Send;

@@ -71,6 +71,7 @@ pub const EXT_HARDLINK: &str = "hardlink@openssh.com";
 pub const EXT_FSYNC: &str = "fsync@openssh.com";
 pub const EXT_LSETSTAT: &str = "lsetstat@openssh.com";
 pub const EXT_LIMITS: &str = "limits@openssh.com";
+pub const EXT_COPY_DATA: &str = "copy-data";
 
 /// A malformed packet.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,6 +296,14 @@ pub enum Request<'a> {
         attrs: SetAttrs,
     },
     Limits,
+    /// Server-side copy between two handles of one `sftp-server` process.
+    CopyData {
+        from: &'a [u8],
+        from_offset: u64,
+        len: u64,
+        to: &'a [u8],
+        to_offset: u64,
+    },
 }
 
 impl Request<'_> {
@@ -325,6 +334,7 @@ impl Request<'_> {
             Request::Fsync { .. } => EXT_FSYNC,
             Request::Lsetstat { .. } => EXT_LSETSTAT,
             Request::Limits => EXT_LIMITS,
+            Request::CopyData { .. } => EXT_COPY_DATA,
         }
     }
 
@@ -482,6 +492,21 @@ pub fn encode_request(id: u32, req: &Request<'_>) -> OutPacket {
             e.finish()
         }
         Request::Limits => ext(id, EXT_LIMITS).finish(),
+        Request::CopyData {
+            from,
+            from_offset,
+            len,
+            to,
+            to_offset,
+        } => {
+            let mut e = ext(id, EXT_COPY_DATA);
+            e.string(from)
+                .u64(*from_offset)
+                .u64(*len)
+                .string(to)
+                .u64(*to_offset);
+            e.finish()
+        }
     }
 }
 
@@ -892,6 +917,31 @@ mod tests {
         assert_eq!(&pk[13..13 + EXT_STATVFS.len()], EXT_STATVFS.as_bytes());
         let pk = encode_request(3, &Request::Limits).to_vec();
         assert_eq!(pk.len(), 4 + 1 + 4 + 4 + EXT_LIMITS.len());
+    }
+
+    #[test]
+    fn encode_copy_data() {
+        let req = Request::CopyData {
+            from: b"ab",
+            from_offset: 5,
+            len: 6,
+            to: b"c",
+            to_offset: 7,
+        };
+        let pk = encode_request(9, &req).to_vec();
+        let mut want = vec![FXP_EXTENDED];
+        want.extend_from_slice(&9u32.to_be_bytes());
+        want.extend_from_slice(&(EXT_COPY_DATA.len() as u32).to_be_bytes());
+        want.extend_from_slice(EXT_COPY_DATA.as_bytes());
+        want.extend_from_slice(&2u32.to_be_bytes());
+        want.extend_from_slice(b"ab");
+        want.extend_from_slice(&5u64.to_be_bytes());
+        want.extend_from_slice(&6u64.to_be_bytes());
+        want.extend_from_slice(&1u32.to_be_bytes());
+        want.extend_from_slice(b"c");
+        want.extend_from_slice(&7u64.to_be_bytes());
+        assert_eq!(&pk[4..], &want[..]);
+        assert_eq!(&pk[..4], &(want.len() as u32).to_be_bytes());
     }
 
     #[test]

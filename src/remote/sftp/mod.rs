@@ -108,6 +108,7 @@ struct Extensions {
     hardlink: bool,
     fsync: bool,
     lsetstat: bool,
+    copy_data: bool,
     /// The server is OpenSSH's sftp-server (or behaves like it) and swaps SYMLINK arguments.
     symlink_swapped: bool,
 }
@@ -189,6 +190,7 @@ impl Connection {
             hardlink: has(codec::EXT_HARDLINK),
             fsync: has(codec::EXT_FSYNC),
             lsetstat: has(codec::EXT_LSETSTAT),
+            copy_data: has(codec::EXT_COPY_DATA),
             symlink_swapped: [
                 codec::EXT_POSIX_RENAME,
                 codec::EXT_STATVFS,
@@ -1034,6 +1036,73 @@ impl Remote for SftpRemote {
             })
             .await?;
         expect_ok(codec::EXT_FSYNC, r)
+    }
+
+    /// OPEN and STAT, both on `beside`'s channel and sent together: one channel serves its
+    /// requests in order, so the STAT sees what the OPEN opened (barring a change on the
+    /// server in between; then the handle itself is asked).
+    async fn open_beside(
+        &self,
+        path: &Path,
+        beside: &SftpHandle,
+    ) -> RemoteResult<(SftpHandle, Attrs)> {
+        let c = self.inner.conn_for(beside)?;
+        let ch = &c.channels[beside.channel];
+        let open = open_request(path, OpenFlags::read_only(), 0);
+        let opened = ch.send(&open).await?;
+        let stat = ch.send(&Request::Stat { path }).await;
+        let handle = SftpHandle {
+            raw: expect_handle(open.name(), opened.wait().await?)?,
+            channel: beside.channel,
+            generation: c.generation,
+        };
+        let attrs = match stat {
+            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("STAT", r)),
+            Err(e) => Err(e),
+        };
+        match attrs {
+            Ok(a) => Ok((handle, a)),
+            Err(_) => match self.fstat(&handle).await {
+                Ok(a) => Ok((handle, a)),
+                Err(e) => {
+                    let _ = self.close(&handle).await;
+                    Err(e)
+                }
+            },
+        }
+    }
+
+    async fn copy_data(
+        &self,
+        from: &SftpHandle,
+        from_offset: u64,
+        len: u64,
+        to: &SftpHandle,
+        to_offset: u64,
+    ) -> RemoteResult<()> {
+        let c = self.inner.conn_for(to)?;
+        if from.generation != to.generation {
+            return Err(RemoteError::StaleHandle);
+        }
+        if !c.ext.copy_data {
+            return Err(RemoteError::Unsupported(codec::EXT_COPY_DATA));
+        }
+        if from.channel != to.channel {
+            return Err(RemoteError::Status(
+                Status::Failure,
+                "copy-data needs both handles on one channel".into(),
+            ));
+        }
+        let r = c.channels[to.channel]
+            .request(&Request::CopyData {
+                from: &from.raw,
+                from_offset,
+                len,
+                to: &to.raw,
+                to_offset,
+            })
+            .await?;
+        expect_ok(codec::EXT_COPY_DATA, r)
     }
 
     async fn close(&self, handle: &SftpHandle) -> RemoteResult<()> {

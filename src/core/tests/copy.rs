@@ -1,0 +1,210 @@
+//! `copy_file_range` done by the server (`core::copy`).
+
+use super::*;
+
+/// `src` (on the disk) opened for reading and a new `dst` for reading and writing.
+async fn source_and_destination(h: &Harness, content: &[u8]) -> (u64, Ino, u64) {
+    std::fs::write(h.disk("src"), content).unwrap();
+    let src = h.lookup(ROOT, "src").await;
+    let fh_in = h.open(src, libc::O_RDONLY).await;
+    let (dst, fh_out) = h.create(ROOT, "dst").await;
+    (fh_in, dst, fh_out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_inside_the_mount_is_done_by_the_server() {
+    let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(10 << 20), None);
+    let content = pattern(300 * 1024);
+    let (fh_in, dst, fh_out) = source_and_destination(&h, &content).await;
+    let before = quota.usage().bytes;
+    // As cp asks: everything from the start, far more than the file holds.
+    let n =
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 1 << 40)
+            .await
+            .unwrap();
+    assert_eq!(n as usize, content.len(), "copies what the source holds");
+    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), content);
+    assert_eq!(h.plan.calls(ROp::CopyData), 1);
+    assert_eq!(h.plan.calls(ROp::Read), 0, "no data crossed the link");
+    assert_eq!(h.plan.calls(ROp::Write), 0, "no data crossed the link");
+    assert_eq!(
+        h.size(dst, None).await,
+        content.len() as u64,
+        "cached size dropped"
+    );
+    assert_eq!(
+        quota.usage().bytes - before,
+        content.len() as i64,
+        "growth charged"
+    );
+    assert_eq!(
+        h.fs.stats.bytes_copied_on_server.load(Ordering::Relaxed),
+        n as u64
+    );
+    // At the end of the source: nothing more to copy (cp's last call).
+    let n = h.fs.copy_file_range(
+        fh_in,
+        content.len() as u64,
+        fh_out,
+        content.len() as u64,
+        1 << 40,
+    );
+    assert_eq!(n.await.unwrap(), 0);
+    // A range, into the middle of the destination: only that range changes.
+    let n =
+        h.fs.copy_file_range(fh_in, 5000, fh_out, 100, 1000)
+            .await
+            .unwrap();
+    assert_eq!(n, 1000);
+    let mut want = content.clone();
+    want[100..1100].copy_from_slice(&content[5000..6000]);
+    assert_eq!(h.read(fh_out, 0, want.len() as u32 + 10).await, want);
+    assert_eq!(
+        quota.usage().bytes - before,
+        content.len() as i64,
+        "no growth, no charge"
+    );
+    h.fs.release(fh_in).await.unwrap();
+    h.fs.release(fh_out).await.unwrap();
+    assert_eq!(
+        h.open_handles().await,
+        0,
+        "the source's extra handle is closed"
+    );
+}
+
+/// Writes acknowledged to the application but still on their way, to either file, land
+/// before the copy: the copy sees the source as written, and is not overwritten by an older
+/// write of the destination landing after it. (The fault plan's delayed writes land in one
+/// queue, so each half has writes pending on one file only.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_comes_after_the_writes_before_it() {
+    let h = Harness::new();
+    let (fh_in, _, fh_out) = source_and_destination(&h, b"old source").await;
+    let fh_src_w = h.open(h.lookup(ROOT, "src").await, libc::O_WRONLY).await;
+    // Writes land a while after they are answered, as over a slow link.
+    h.plan
+        .set_queue_delay(ROp::Write, Some(Duration::from_millis(300)));
+    h.write(fh_src_w, 0, b"NEW").await;
+    let n = h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await.unwrap();
+    assert_eq!(n, 10);
+    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), b"NEW source");
+
+    h.write(fh_out, 0, b"destination").await;
+    let n = h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await.unwrap();
+    assert_eq!(n, 10);
+    h.plan.set_queue_delay(ROp::Write, None);
+    h.fs.flush(fh_out).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), b"NEW sourcen");
+    for fh in [fh_in, fh_src_w, fh_out] {
+        h.fs.release(fh).await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_is_held_to_the_quota_and_the_lease() {
+    let h = Harness::new();
+    let content = pattern(10_000);
+    let (fh_in, _, fh_out) = source_and_destination(&h, &content).await;
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(quota.usage().bytes as u64 + 4000), None);
+    // What fits is copied (a short copy), then nothing fits.
+    let n =
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10_000)
+            .await
+            .unwrap();
+    assert_eq!(n, 4000);
+    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), &content[..4000]);
+    let mut c = Checks::default();
+    c.errno(
+        "copy past the quota",
+        h.fs.copy_file_range(fh_in, 4000, fh_out, 4000, 6000).await,
+        libc::ENOSPC,
+    );
+    // Within the file's size nothing grows: allowed.
+    c.check(
+        "a copy over existing bytes within the quota",
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 4000).await.ok() == Some(4000),
+    );
+    h.fs.set_read_only();
+    c.errno(
+        "copy on a read-only mount",
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        libc::EROFS,
+    );
+    c.check(
+        "no server-side copy was sent when it must be refused",
+        h.plan.calls(ROp::CopyData) == 2,
+    );
+    c.finish();
+}
+
+/// What the server will not copy is answered so that the kernel copies through read and
+/// write (EOPNOTSUPP), or, for a server without the extension, stops asking (ENOSYS).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_the_server_cannot_do_is_left_to_the_kernel() {
+    let h = Harness::new();
+    let (fh_in, dst, fh_out) = source_and_destination(&h, b"0123456789").await;
+    let mut c = Checks::default();
+    h.plan.fail_next(ROp::CopyData, 1, failure("refused"));
+    c.errno(
+        "a copy the server refuses",
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        libc::EOPNOTSUPP,
+    );
+    h.plan.fail_next(
+        ROp::CopyData,
+        1,
+        RemoteError::Status(Status::OpUnsupported, "unknown extension".into()),
+    );
+    c.errno(
+        "a server that does not know copy-data",
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        libc::ENOSYS,
+    );
+    h.plan
+        .fail_next(ROp::CopyData, 1, RemoteError::Unsupported("copy-data"));
+    c.errno(
+        "a server that does not offer copy-data",
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        libc::ENOSYS,
+    );
+    let fh_dst_r = h.open(dst, libc::O_RDONLY).await;
+    c.errno(
+        "a copy within one file",
+        h.fs.copy_file_range(fh_dst_r, 0, fh_out, 100, 10).await,
+        libc::EOPNOTSUPP,
+    );
+    // The source removed on the server: it cannot be opened again by its name.
+    std::fs::remove_file(h.disk("src")).unwrap();
+    c.errno(
+        "a source that has no name any more",
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        libc::EOPNOTSUPP,
+    );
+    c.check(
+        "nothing was copied",
+        std::fs::read(h.disk("dst")).unwrap().is_empty(),
+    );
+    c.finish();
+}
+
+/// A copy whose answer a drop took is done again once the destination is reopened: copying
+/// the same bytes twice gives the same file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_whose_answer_was_lost_is_done_again() {
+    let h = Harness::new();
+    let content = pattern(50_000);
+    let (fh_in, _, fh_out) = source_and_destination(&h, &content).await;
+    h.plan
+        .fail_next_after_performing(ROp::CopyData, 1, RemoteError::StaleHandle);
+    let n =
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 50_000)
+            .await
+            .unwrap();
+    assert_eq!(n, 50_000);
+    assert_eq!(h.plan.calls(ROp::CopyData), 2);
+    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), content);
+}
