@@ -3654,3 +3654,100 @@ fn fsx_under_connection_drops() {
         std::panic::resume_unwind(e);
     }
 }
+
+/// `copy_file_range(2)` on the mount, as cp calls it: the bytes copied, or the error.
+fn copy_range(from: &File, off_in: i64, to: &File, off_out: i64, len: usize) -> io::Result<usize> {
+    let (mut off_in, mut off_out) = (off_in, off_out);
+    // SAFETY: both descriptors are open for the duration; the offsets are ours.
+    let n = unsafe {
+        libc::copy_file_range(
+            from.as_raw_fd(),
+            &mut off_in,
+            to.as_raw_fd(),
+            &mut off_out,
+            len,
+            0,
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// A copy inside the mount is made by the server (SFTP `copy-data`): `cp` and
+/// `copy_file_range` give the right bytes without them crossing the link, the kernel's cached
+/// pages of the destination do not hide the copy, and writes made just before it are in it.
+#[test]
+fn copies_inside_the_mount_are_made_by_the_server() {
+    let m = TestMount::start(&[]);
+    let big = pattern(41, (3 << 20) + 12_345);
+    fs::write(m.e("big"), &big).unwrap();
+    let read_before = status_counter(&m.mnt, "bytes_read");
+
+    // cp (coreutils 9 copies a regular file with copy_file_range).
+    let out = Command::new("cp")
+        .arg(m.p("big"))
+        .arg(m.p("copy"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "cp: {}", String::from_utf8_lossy(&out.stderr));
+    assert_same_bytes(&fs::read(m.e("copy")).unwrap(), &big, "cp's copy on the server");
+    assert_same_bytes(&fs::read(m.p("copy")).unwrap(), &big, "cp's copy through the mount");
+    assert_eq!(
+        status_counter(&m.mnt, "bytes_copied_on_server"),
+        big.len() as u64,
+        "the copy was not made by the server"
+    );
+    assert_eq!(
+        status_counter(&m.mnt, "bytes_read") - read_before,
+        big.len() as u64,
+        "only the read-back above crossed the link"
+    );
+
+    // A range into a file whose pages the kernel has cached, right after a write to the
+    // source through another descriptor.
+    let dst_path = m.p("dst");
+    fs::write(&dst_path, pattern(42, 100_000)).unwrap();
+    let mut want = fs::read(&dst_path).unwrap();
+    let mut src = OpenOptions::new().read(true).write(true).open(m.p("big")).unwrap();
+    src.write_all_at(b"written just before", 1000).unwrap();
+    let mut big = big;
+    big[1000..1019].copy_from_slice(b"written just before");
+    let dst = OpenOptions::new().read(true).write(true).open(&dst_path).unwrap();
+    let n = copy_range(&src, 900, &dst, 50_000, 70_000).unwrap();
+    assert!(n > 0 && n <= 70_000, "copied {n}");
+    want.resize(want.len().max(50_000 + n), 0);
+    want[50_000..50_000 + n].copy_from_slice(&big[900..900 + n]);
+    let mut got = Vec::new();
+    File::open(&dst_path).unwrap().read_to_end(&mut got).unwrap();
+    assert_same_bytes(&got, &want, "the range copied, read through the mount");
+    assert_eq!(fs::metadata(&dst_path).unwrap().len(), want.len() as u64);
+    src.flush().unwrap();
+    drop((src, dst));
+    assert_same_bytes(&fs::read(m.e("dst")).unwrap(), &want, "the range copied, on the server");
+}
+
+/// The quota holds for copies made by the server: cp fails with ENOSPC once nothing fits,
+/// and the mount's accounting matches what is on the server.
+#[test]
+fn copies_made_by_the_server_are_held_to_the_quota() {
+    let m = TestMount::start(&["max_bytes=3000000"]);
+    let data = pattern(43, 2_000_000);
+    fs::write(m.p("a"), &data).unwrap();
+    let out = Command::new("cp")
+        .arg(m.p("a"))
+        .arg(m.p("b"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "cp over the quota succeeded");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("No space left on device"), "cp said: {stderr}");
+    let on_server = fs::metadata(m.e("b")).unwrap().len();
+    assert!(on_server <= 1_000_000, "{on_server} bytes copied past the quota");
+    assert_same_bytes(
+        &fs::read(m.e("b")).unwrap(),
+        &data[..on_server as usize],
+        "what was copied",
+    );
+}

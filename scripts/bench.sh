@@ -47,7 +47,7 @@ self="$repo/scripts/bench.sh"
 # ---------------------------------------------------------------------------------------
 # Workloads. `bench.sh __workload NAME MNT` runs one (the timed part only); it is started
 # under `timeout` as a child, with the BENCH_* paths below in the environment.
-WORKLOADS="seq_read seq_write untar stat_tree ls_lR grep git_status_cold git_status_warm rm_rf cp_out rand_read par_read"
+WORKLOADS="seq_read seq_write untar stat_tree ls_lR grep git_status_cold git_status_warm rm_rf cp_out cp_in cp_big_in rand_read par_read"
 
 run_workload() {
     local wl=$1 m=$2 i pids=() rc=0
@@ -66,6 +66,9 @@ run_workload() {
         ;;
     rm_rf) rm -rf -- "$m/rmtree" ;;
     cp_out) cp -r -- "$m/$BENCH_SET/tree" "$BENCH_TMP/cpout" ;;
+    # Copies inside the mount: the tree, and the big file (with fsync, as seq_write).
+    cp_in) cp -r -- "$m/$BENCH_SET/tree" "$m/cpin" ;;
+    cp_big_in) cp -- "$m/big" "$m/big.copy" && sync -- "$m/big.copy" ;;
     rand_read)
         /usr/bin/python3 - "$m/big" "$BENCH_RAND_READS" <<'EOF'
 import os, random, sys
@@ -448,6 +451,8 @@ prepare() {
         cp "$tmp/$BENCH_SET.git-index" "$export_dir/$BENCH_SET/repo/.git/index"
         ;;
     cp_out) safe_rm "$tmp/cpout" ;;
+    cp_in) safe_rm "$export_dir/cpin" ;;
+    cp_big_in) rm -f -- "$export_dir/big.copy" ;;
     esac
 }
 # Local inputs read into the page cache after the drop, so only the mount is cold.
@@ -462,7 +467,7 @@ warm_local() {
 workload_size() {
     local files=${set_files[$BENCH_SET]}
     case $1 in
-    seq_read | seq_write | par_read) echo "$((big_mib * 1024 * 1024)),,$big_mib MiB" ;;
+    seq_read | seq_write | par_read | cp_big_in) echo "$((big_mib * 1024 * 1024)),,$big_mib MiB" ;;
     rand_read) echo ",$BENCH_RAND_READS,$BENCH_RAND_READS x 4 KiB" ;;
     *) echo ",,$files files" ;;
     esac

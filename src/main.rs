@@ -489,6 +489,10 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             "  resent      {} writes on the wire at a connection loss, sent again",
             m["writes_sent_again"]
         );
+        outln!(
+            "  copied      {} bytes copied by the server (copy_file_range, cp)",
+            m["bytes_copied_on_server"]
+        );
         outln!("  pid         {}", m["pid"]);
     }
     Ok(())

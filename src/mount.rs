@@ -807,6 +807,7 @@ fn control_handlers(
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),
                 "writes_sent_again": stats.writes_sent_again.load(Relaxed),
+                "bytes_copied_on_server": stats.bytes_copied_on_server.load(Relaxed),
                 "open_files": status_fs.open_file_count(),
             })
         }),
