@@ -3691,9 +3691,21 @@ fn copies_inside_the_mount_are_made_by_the_server() {
         .arg(m.p("copy"))
         .output()
         .unwrap();
-    assert!(out.status.success(), "cp: {}", String::from_utf8_lossy(&out.stderr));
-    assert_same_bytes(&fs::read(m.e("copy")).unwrap(), &big, "cp's copy on the server");
-    assert_same_bytes(&fs::read(m.p("copy")).unwrap(), &big, "cp's copy through the mount");
+    assert!(
+        out.status.success(),
+        "cp: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_same_bytes(
+        &fs::read(m.e("copy")).unwrap(),
+        &big,
+        "cp's copy on the server",
+    );
+    assert_same_bytes(
+        &fs::read(m.p("copy")).unwrap(),
+        &big,
+        "cp's copy through the mount",
+    );
     assert_eq!(
         status_counter(&m.mnt, "bytes_copied_on_server"),
         big.len() as u64,
@@ -3710,22 +3722,37 @@ fn copies_inside_the_mount_are_made_by_the_server() {
     let dst_path = m.p("dst");
     fs::write(&dst_path, pattern(42, 100_000)).unwrap();
     let mut want = fs::read(&dst_path).unwrap();
-    let mut src = OpenOptions::new().read(true).write(true).open(m.p("big")).unwrap();
+    let mut src = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("big"))
+        .unwrap();
     src.write_all_at(b"written just before", 1000).unwrap();
     let mut big = big;
     big[1000..1019].copy_from_slice(b"written just before");
-    let dst = OpenOptions::new().read(true).write(true).open(&dst_path).unwrap();
+    let dst = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&dst_path)
+        .unwrap();
     let n = copy_range(&src, 900, &dst, 50_000, 70_000).unwrap();
     assert!(n > 0 && n <= 70_000, "copied {n}");
     want.resize(want.len().max(50_000 + n), 0);
     want[50_000..50_000 + n].copy_from_slice(&big[900..900 + n]);
     let mut got = Vec::new();
-    File::open(&dst_path).unwrap().read_to_end(&mut got).unwrap();
+    File::open(&dst_path)
+        .unwrap()
+        .read_to_end(&mut got)
+        .unwrap();
     assert_same_bytes(&got, &want, "the range copied, read through the mount");
     assert_eq!(fs::metadata(&dst_path).unwrap().len(), want.len() as u64);
     src.flush().unwrap();
     drop((src, dst));
-    assert_same_bytes(&fs::read(m.e("dst")).unwrap(), &want, "the range copied, on the server");
+    assert_same_bytes(
+        &fs::read(m.e("dst")).unwrap(),
+        &want,
+        "the range copied, on the server",
+    );
 }
 
 /// The quota holds for copies made by the server: cp fails with ENOSPC once nothing fits,
@@ -3742,9 +3769,15 @@ fn copies_made_by_the_server_are_held_to_the_quota() {
         .unwrap();
     assert!(!out.status.success(), "cp over the quota succeeded");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("No space left on device"), "cp said: {stderr}");
+    assert!(
+        stderr.contains("No space left on device"),
+        "cp said: {stderr}"
+    );
     let on_server = fs::metadata(m.e("b")).unwrap().len();
-    assert!(on_server <= 1_000_000, "{on_server} bytes copied past the quota");
+    assert!(
+        on_server <= 1_000_000,
+        "{on_server} bytes copied past the quota"
+    );
     assert_same_bytes(
         &fs::read(m.e("b")).unwrap(),
         &data[..on_server as usize],

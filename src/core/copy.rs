@@ -17,7 +17,8 @@
 //! * **Caches.** The destination's cached attributes, listing entries and fetched-ahead copies
 //!   are dropped as for a write; the kernel drops its own cached pages of the range.
 //!
-//! Anything the server will not copy (no `copy-data`, a server in read-only mode, a source it
+//! A source read ahead into memory (a small file, see `prefetch`) is left to the kernel, which
+//! copies it from there. Anything the server will not copy (no `copy-data`, a server in read-only mode, a source it
 //! cannot open, a source that ended early, two names of one file, a lost connection) is
 //! answered `EOPNOTSUPP`, on which the kernel copies that range through `read` and `write`
 //! itself, exactly as before: the copy still happens, with every guarantee of a write. A server
@@ -70,6 +71,12 @@ impl<R: Remote> Fs<R> {
         if out.flags.append {
             // sftp-server would append wherever the offset says: not what was asked.
             return Err(leave_to_kernel("destination opened with O_APPEND"));
+        }
+        if self.snapshot(fh_in).is_some() {
+            // A small file fetched ahead is in memory already: the kernel's copy reads it
+            // from there and its writes go behind, which costs fewer round trips than
+            // opening the source on the server and waiting for the copy.
+            return Err(leave_to_kernel("the source is a small file read ahead"));
         }
         let ino_in = self.ino_of_open(fh_in)?;
         if ino_in == out.ino {

@@ -208,3 +208,23 @@ async fn a_copy_whose_answer_was_lost_is_done_again() {
     assert_eq!(h.plan.calls(ROp::CopyData), 2);
     assert_eq!(std::fs::read(h.disk("dst")).unwrap(), content);
 }
+
+/// A small file fetched ahead is copied by the kernel from memory: no round trip to open it
+/// on the server and wait for the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_in_memory_is_copied_by_the_kernel() {
+    let h = Harness::new();
+    let inos = listed_small_files(&h, 4).await;
+    cat(&h, inos[0]).await;
+    cat(&h, inos[1]).await;
+    wait_for_opens(&h, 4).await;
+    let reader = h.open(inos[2], libc::O_RDONLY).await;
+    assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 1);
+    let (_, fh_out) = h.create(ROOT, "dst").await;
+    assert_errno(
+        h.fs.copy_file_range(reader, 0, fh_out, 0, 4096).await,
+        libc::EOPNOTSUPP,
+        "copy of a fetched-ahead file",
+    );
+    assert_eq!(h.plan.calls(ROp::CopyData), 0);
+}
