@@ -53,13 +53,11 @@ async fn a_copy_inside_the_mount_is_done_by_the_server() {
     );
     assert_eq!(n.await.unwrap(), 0);
     // A range, into the middle of the destination: only that range changes.
-    let n =
-        h.fs.copy_file_range(fh_in, 5000, fh_out, 100, 1000)
-            .await
-            .unwrap();
-    assert_eq!(n, 1000);
+    let range = 200usize << 10;
+    let n = h.fs.copy_file_range(fh_in, 5000, fh_out, 100, range as u64);
+    assert_eq!(n.await.unwrap() as usize, range);
     let mut want = content.clone();
-    want[100..1100].copy_from_slice(&content[5000..6000]);
+    want[100..100 + range].copy_from_slice(&content[5000..5000 + range]);
     assert_eq!(h.read(fh_out, 0, want.len() as u32 + 10).await, want);
     assert_eq!(
         quota.usage().bytes - before,
@@ -82,22 +80,40 @@ async fn a_copy_inside_the_mount_is_done_by_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_comes_after_the_writes_before_it() {
     let h = Harness::new();
-    let (fh_in, _, fh_out) = source_and_destination(&h, b"old source").await;
+    let content = pattern(200 << 10);
+    let len = content.len() as u64;
+    let (fh_in, _, fh_out) = source_and_destination(&h, &content).await;
     let fh_src_w = h.open(h.lookup(ROOT, "src").await, libc::O_WRONLY).await;
     // Writes land a while after they are answered, as over a slow link.
     h.plan
         .set_queue_delay(ROp::Write, Some(Duration::from_millis(300)));
     h.write(fh_src_w, 0, b"NEW").await;
-    let n = h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await.unwrap();
-    assert_eq!(n, 10);
-    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), b"NEW source");
+    let mut want = content.clone();
+    want[..3].copy_from_slice(b"NEW");
+    let n =
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, len)
+            .await
+            .unwrap();
+    assert_eq!(n as u64, len);
+    assert!(
+        std::fs::read(h.disk("dst")).unwrap() == want,
+        "the copy missed the write"
+    );
 
     h.write(fh_out, 0, b"destination").await;
-    let n = h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await.unwrap();
-    assert_eq!(n, 10);
+    h.write(fh_out, len, b"!").await;
+    let n =
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, len)
+            .await
+            .unwrap();
+    assert_eq!(n as u64, len);
     h.plan.set_queue_delay(ROp::Write, None);
     h.fs.flush(fh_out).await.unwrap();
-    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), b"NEW sourcen");
+    want.push(b'!');
+    assert!(
+        std::fs::read(h.disk("dst")).unwrap() == want,
+        "an older write landed over the copy"
+    );
     for fh in [fh_in, fh_src_w, fh_out] {
         h.fs.release(fh).await.unwrap();
     }
@@ -106,32 +122,33 @@ async fn a_copy_comes_after_the_writes_before_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_is_held_to_the_quota_and_the_lease() {
     let h = Harness::new();
-    let content = pattern(10_000);
+    let content = pattern(400 << 10);
     let (fh_in, _, fh_out) = source_and_destination(&h, &content).await;
     let quota = &h.fs.enforcer().quota;
-    quota.set_limits(Some(quota.usage().bytes as u64 + 4000), None);
+    let half = 200u64 << 10;
+    quota.set_limits(Some(quota.usage().bytes as u64 + half), None);
     // What fits is copied (a short copy), then nothing fits.
     let n =
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10_000)
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 2 * half)
             .await
             .unwrap();
-    assert_eq!(n, 4000);
-    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), &content[..4000]);
+    assert_eq!(n as u64, half);
+    assert!(std::fs::read(h.disk("dst")).unwrap() == content[..half as usize]);
     let mut c = Checks::default();
     c.errno(
         "copy past the quota",
-        h.fs.copy_file_range(fh_in, 4000, fh_out, 4000, 6000).await,
+        h.fs.copy_file_range(fh_in, half, fh_out, half, half).await,
         libc::ENOSPC,
     );
     // Within the file's size nothing grows: allowed.
     c.check(
         "a copy over existing bytes within the quota",
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 4000).await.ok() == Some(4000),
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, half).await.ok() == Some(half as u32),
     );
     h.fs.set_read_only();
     c.errno(
         "copy on a read-only mount",
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, half).await,
         libc::EROFS,
     );
     c.check(
@@ -146,12 +163,13 @@ async fn a_copy_is_held_to_the_quota_and_the_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_the_server_cannot_do_is_left_to_the_kernel() {
     let h = Harness::new();
-    let (fh_in, dst, fh_out) = source_and_destination(&h, b"0123456789").await;
+    let (fh_in, dst, fh_out) = source_and_destination(&h, &pattern(300 << 10)).await;
+    let len = 200 << 10;
     let mut c = Checks::default();
     h.plan.fail_next(ROp::CopyData, 1, failure("refused"));
     c.errno(
         "a copy the server refuses",
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, len).await,
         libc::EOPNOTSUPP,
     );
     h.plan.fail_next(
@@ -161,27 +179,33 @@ async fn a_copy_the_server_cannot_do_is_left_to_the_kernel() {
     );
     c.errno(
         "a server that does not know copy-data",
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, len).await,
         libc::ENOSYS,
     );
     h.plan
         .fail_next(ROp::CopyData, 1, RemoteError::Unsupported("copy-data"));
     c.errno(
         "a server that does not offer copy-data",
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, len).await,
         libc::ENOSYS,
     );
     let fh_dst_r = h.open(dst, libc::O_RDONLY).await;
     c.errno(
         "a copy within one file",
-        h.fs.copy_file_range(fh_dst_r, 0, fh_out, 100, 10).await,
+        h.fs.copy_file_range(fh_dst_r, 0, fh_out, 100, len).await,
+        libc::EOPNOTSUPP,
+    );
+    c.errno(
+        "a small copy",
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, (128 << 10) - 1)
+            .await,
         libc::EOPNOTSUPP,
     );
     // The source removed on the server: it cannot be opened again by its name.
     std::fs::remove_file(h.disk("src")).unwrap();
     c.errno(
         "a source that has no name any more",
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 10).await,
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, len).await,
         libc::EOPNOTSUPP,
     );
     c.check(
@@ -196,15 +220,12 @@ async fn a_copy_the_server_cannot_do_is_left_to_the_kernel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_whose_answer_was_lost_is_done_again() {
     let h = Harness::new();
-    let content = pattern(50_000);
+    let content = pattern(500_000);
     let (fh_in, _, fh_out) = source_and_destination(&h, &content).await;
     h.plan
         .fail_next_after_performing(ROp::CopyData, 1, RemoteError::StaleHandle);
-    let n =
-        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 50_000)
-            .await
-            .unwrap();
-    assert_eq!(n, 50_000);
+    let n = h.fs.copy_file_range(fh_in, 0, fh_out, 0, 500_000);
+    assert_eq!(n.await.unwrap(), 500_000);
     assert_eq!(h.plan.calls(ROp::CopyData), 2);
     assert_eq!(std::fs::read(h.disk("dst")).unwrap(), content);
 }
@@ -222,7 +243,9 @@ async fn a_source_in_memory_is_copied_by_the_kernel() {
     assert_eq!(h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed), 1);
     let (_, fh_out) = h.create(ROOT, "dst").await;
     assert_errno(
-        h.fs.copy_file_range(reader, 0, fh_out, 0, 4096).await,
+        // (More than the file holds, which the kernel never asks: only the source being in
+        // memory leaves this copy to the kernel.)
+        h.fs.copy_file_range(reader, 0, fh_out, 0, 1 << 20).await,
         libc::EOPNOTSUPP,
         "copy of a fetched-ahead file",
     );
