@@ -420,6 +420,52 @@ async fn queued_writes_keep_their_order() {
     r.close(&h).await.unwrap();
 }
 
+/// OpenSSH's `copy-data` as the mount uses it: the source opened beside the destination
+/// (one sftp-server process) with its own attributes, then copied on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_data_between_handles_of_one_channel() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let (src, dst) = (sshd.export_dir.join("src"), sshd.export_dir.join("dst"));
+    let content: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
+    std::fs::write(&src, &content).unwrap();
+    let to = r.open(&dst, rw_create(), 0o644).await.unwrap();
+    let (from, attrs) = r.open_beside(&src, &to).await.unwrap();
+    assert_eq!(from.channel(), to.channel());
+    assert_eq!(attrs.file_type(), FileKind::File);
+    assert_eq!(attrs.size, Some(content.len() as u64));
+    r.copy_data(&from, 0, content.len() as u64, &to, 0)
+        .await
+        .unwrap();
+    r.copy_data(&from, 100, 1000, &to, 2_000_000).await.unwrap();
+    let mut want = content.clone();
+    want.resize(2_000_000, 0);
+    want.extend_from_slice(&content[100..1100]);
+    assert!(std::fs::read(&dst).unwrap() == want, "copied bytes differ");
+    // Handles of two channels cannot be paired: the server would not know the other one.
+    let elsewhere =
+        (0..8).map(|_| async { r.open(&src, OpenFlags::read_only(), 0).await.unwrap() });
+    let others = futures_util::future::join_all(elsewhere).await;
+    let other = others
+        .iter()
+        .find(|h| h.channel() != to.channel())
+        .expect("8 opens all on one channel");
+    assert!(r.copy_data(other, 0, 10, &to, 0).await.is_err());
+    // The same file on both sides is refused by the server.
+    let self_copy = r.open_beside(&dst, &to).await.unwrap().0;
+    assert!(r.copy_data(&self_copy, 0, 10, &to, 100).await.is_err());
+    // A symlink's name is reported as one.
+    std::os::unix::fs::symlink(&src, sshd.export_dir.join("link")).unwrap();
+    let (via_link, attrs) = r
+        .open_beside(&sshd.export_dir.join("link"), &to)
+        .await
+        .unwrap();
+    assert_eq!(attrs.file_type(), FileKind::Symlink);
+    for h in others.iter().chain([&from, &self_copy, &via_link, &to]) {
+        r.close(h).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_opens_do_not_leak_server_handles() {
     let sshd = TestSshd::start();

@@ -13,7 +13,10 @@
 //! * **Policy.** A read-only or expired lease refuses it (`EROFS`), the destination's growth is
 //!   charged to the quota before anything is sent (`ENOSPC` when not a byte fits, a short copy
 //!   when only part does), and the source is opened again by the name the mount knows it by,
-//!   inside the export (`Fs::open_by_name`, safe against renames through the mount).
+//!   inside the export (`Fs::open_by_name`, safe against renames through the mount); a name
+//!   that is a symlink on the server then (a followed link, or one swapped in since the
+//!   application opened the file) is not copied from: the kernel's copy reads the
+//!   application's own descriptor.
 //! * **Caches.** The destination's cached attributes, listing entries and fetched-ahead copies
 //!   are dropped as for a write; the kernel drops its own cached pages of the range.
 //!
@@ -32,7 +35,7 @@ use super::inode::Ino;
 use super::{past_max_offset, Fs};
 use crate::error::{FsError, FsResult};
 use crate::policy::quota::OverQuota;
-use crate::remote::{Remote, RemoteError, Status};
+use crate::remote::{FileKind, Remote, RemoteError, Status};
 
 /// The most one request copies. OpenSSH's `sftp-server` answers nothing else on that channel
 /// while it copies, so a bound keeps the other requests of the channel from waiting long
@@ -125,7 +128,15 @@ impl<R: Remote> Fs<R> {
                         )
                         .await?;
                     let copied = self
-                        .copy_between(&from, offset_in, attrs.size, &to, ino_out, offset_out, len)
+                        .copy_between(
+                            &from,
+                            offset_in,
+                            (attrs.file_type(), attrs.size),
+                            &to,
+                            ino_out,
+                            offset_out,
+                            len,
+                        )
                         .await;
                     close_in_background(&remote, vec![from]);
                     copied
@@ -168,19 +179,27 @@ impl<R: Remote> Fs<R> {
         Ok(self.file(fh)?.ino)
     }
 
-    /// One server-side copy of up to `len` bytes: as many as the source (of `size` bytes when
-    /// it was opened) holds past `offset_in` and the quota lets `ino_out` grow by.
+    /// One server-side copy of up to `len` bytes: as many as the source (a regular file of
+    /// `size` bytes by its name when it was opened, not a link) holds past `offset_in` and the quota lets `ino_out` grow by.
     #[allow(clippy::too_many_arguments)]
     async fn copy_between(
         &self,
         from: &R::Handle,
         offset_in: u64,
-        size: Option<u64>,
+        (kind, size): (FileKind, Option<u64>),
         to: &R::Handle,
         ino_out: Ino,
         offset_out: u64,
         len: u64,
     ) -> Result<Result<u64, OverQuota>, RemoteError> {
+        if kind != FileKind::File {
+            // The name leads through a symlink now (or to something else): the descriptor the
+            // application opened is what the kernel's copy reads, not where a link points.
+            return Err(RemoteError::Status(
+                Status::Failure,
+                format!("the source's name is a {kind:?} on the server now"),
+            ));
+        }
         let Some(size) = size else {
             return Err(RemoteError::Status(
                 Status::Failure,

@@ -402,9 +402,9 @@ pub trait Remote: Send + Sync + 'static {
     fn fsync(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
     /// Open `path` for reading (never creating) where a server-side copy can pair the new
     /// handle with `beside` (SFTP handles belong to one `sftp-server` process: the same
-    /// channel), together with the attributes of what the path leads to (following a
-    /// symlink, as the OPEN does), in one round trip. The default opens anywhere: a remote
-    /// without channels can pair any two handles.
+    /// channel), together with the attributes of the path itself (LSTAT: a symlink shows as
+    /// one, so a caller can refuse a name that leads through a link), in one round trip. The
+    /// default opens anywhere: a remote without channels can pair any two handles.
     fn open_beside(
         &self,
         path: &Path,
@@ -413,7 +413,7 @@ pub trait Remote: Send + Sync + 'static {
         let _ = beside;
         async move {
             let h = self.open(path, OpenFlags::read_only(), 0).await?;
-            match self.fstat(&h).await {
+            match self.lstat(path).await {
                 Ok(a) => Ok((h, a)),
                 Err(e) => {
                     let _ = self.close(&h).await;

@@ -251,3 +251,22 @@ async fn a_source_in_memory_is_copied_by_the_kernel() {
     );
     assert_eq!(h.plan.calls(ROp::CopyData), 0);
 }
+
+/// A source whose name is a symlink on the server by the time of the copy (swapped in since
+/// the application opened it) is not copied from: the kernel's copy reads the descriptor the
+/// application opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_name_that_became_a_symlink_is_not_copied_from() {
+    let h = Harness::new();
+    let (fh_in, _, fh_out) = source_and_destination(&h, &pattern(300 << 10)).await;
+    std::fs::write(h.disk("elsewhere"), pattern(1 << 20)).unwrap();
+    std::fs::remove_file(h.disk("src")).unwrap();
+    std::os::unix::fs::symlink(h.disk("elsewhere"), h.disk("src")).unwrap();
+    assert_errno(
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 200 << 10).await,
+        libc::EOPNOTSUPP,
+        "copy from a name that is a symlink now",
+    );
+    assert_eq!(h.plan.calls(ROp::CopyData), 0);
+    assert!(std::fs::read(h.disk("dst")).unwrap().is_empty());
+}

@@ -1038,9 +1038,9 @@ impl Remote for SftpRemote {
         expect_ok(codec::EXT_FSYNC, r)
     }
 
-    /// OPEN and STAT, both on `beside`'s channel and sent together: one channel serves its
-    /// requests in order, so the STAT sees what the OPEN opened (barring a change on the
-    /// server in between; then the handle itself is asked).
+    /// OPEN and LSTAT, both on `beside`'s channel and sent together: one channel serves its
+    /// requests in order, so the LSTAT sees what the OPEN opened (barring a change on the
+    /// server in between).
     async fn open_beside(
         &self,
         path: &Path,
@@ -1050,25 +1050,22 @@ impl Remote for SftpRemote {
         let ch = &c.channels[beside.channel];
         let open = open_request(path, OpenFlags::read_only(), 0);
         let opened = ch.send(&open).await?;
-        let stat = ch.send(&Request::Stat { path }).await;
+        let stat = ch.send(&Request::Lstat { path }).await;
         let handle = SftpHandle {
             raw: expect_handle(open.name(), opened.wait().await?)?,
             channel: beside.channel,
             generation: c.generation,
         };
         let attrs = match stat {
-            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("STAT", r)),
+            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
             Err(e) => Err(e),
         };
         match attrs {
             Ok(a) => Ok((handle, a)),
-            Err(_) => match self.fstat(&handle).await {
-                Ok(a) => Ok((handle, a)),
-                Err(e) => {
-                    let _ = self.close(&handle).await;
-                    Err(e)
-                }
-            },
+            Err(e) => {
+                let _ = self.close(&handle).await;
+                Err(e)
+            }
         }
     }
 
