@@ -3760,6 +3760,47 @@ fn copies_inside_the_mount_are_made_by_the_server() {
     );
 }
 
+/// `cp -p` and `install -m`, which set the copy's times and mode through the descriptor that
+/// created it right after the copy: the copy shows its size and content at once.
+#[test]
+fn copies_keep_their_size_when_cp_sets_their_attributes() {
+    let m = TestMount::start(&[]);
+    let data = pattern(44, 1_500_000);
+    fs::write(m.e("a"), &data).unwrap();
+    fs::set_permissions(m.e("a"), fs::Permissions::from_mode(0o640)).unwrap();
+    let copied_before = status_counter(&m.mnt, "bytes_copied_on_server");
+    for (cmd, args) in [("cp", vec!["-p"]), ("install", vec!["-m", "0600"])] {
+        let to = m.p(format!("by-{cmd}"));
+        let out = Command::new(cmd)
+            .args(&args)
+            .arg(m.p("a"))
+            .arg(&to)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            fs::metadata(&to).unwrap().len(),
+            data.len() as u64,
+            "{cmd}: size"
+        );
+        assert_same_bytes(&fs::read(&to).unwrap(), &data, cmd);
+    }
+    assert_eq!(
+        fs::metadata(m.p("by-cp")).unwrap().mtime(),
+        fs::metadata(m.e("a")).unwrap().mtime(),
+        "cp -p kept the mtime"
+    );
+    assert_eq!(
+        status_counter(&m.mnt, "bytes_copied_on_server") - copied_before,
+        2 * data.len() as u64,
+        "not copied by the server"
+    );
+}
+
 /// The quota holds for copies made by the server: cp fails with ENOSPC once nothing fits,
 /// and the mount's accounting matches what is on the server.
 #[test]
@@ -3767,6 +3808,12 @@ fn copies_made_by_the_server_are_held_to_the_quota() {
     let m = TestMount::start(&["max_bytes=3000000"]);
     let data = pattern(43, 2_000_000);
     fs::write(m.p("a"), &data).unwrap();
+    let used = || {
+        mount_status(&m.mnt)["quota"]["bytes_used"]
+            .as_u64()
+            .unwrap()
+    };
+    let used_before = used();
     let out = Command::new("cp")
         .arg(m.p("a"))
         .arg(m.p("b"))
@@ -3782,6 +3829,11 @@ fn copies_made_by_the_server_are_held_to_the_quota() {
     assert!(
         on_server <= 1_000_000,
         "{on_server} bytes copied past the quota"
+    );
+    assert_eq!(
+        used() - used_before,
+        on_server,
+        "charged for other than what is there"
     );
     assert_same_bytes(
         &fs::read(m.e("b")).unwrap(),

@@ -30,12 +30,12 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::file::close_in_background;
+use super::file::{close_in_background, OpenFile};
 use super::inode::Ino;
 use super::{past_max_offset, Fs};
 use crate::error::{FsError, FsResult};
 use crate::policy::quota::OverQuota;
-use crate::remote::{FileKind, Remote, RemoteError, Status};
+use crate::remote::{Attrs, FileKind, Remote, RemoteError, Status};
 
 /// The most one request copies. OpenSSH's `sftp-server` answers nothing else on that channel
 /// while it copies, so a bound keeps the other requests of the channel from waiting long
@@ -57,6 +57,27 @@ fn leave_to_kernel(why: impl std::fmt::Display) -> FsError {
     FsError::new(
         libc::EOPNOTSUPP,
         format!("copied through read and write: {why}"),
+    )
+}
+
+/// One copy as the kernel asked for it (`len` already bounded).
+#[derive(Debug, Clone, Copy)]
+struct Job {
+    ino_in: Ino,
+    offset_in: u64,
+    ino_out: Ino,
+    offset_out: u64,
+    len: u64,
+}
+
+/// Errors after which the server certainly copied nothing and never will: it does not
+/// offer the extension, or its request policy refuses it (`sftp-server -R`, or `-P`). The
+/// kernel is told to stop asking (ENOSYS).
+fn never_copies(e: &RemoteError) -> bool {
+    matches!(
+        e,
+        RemoteError::Unsupported(_)
+            | RemoteError::Status(Status::OpUnsupported | Status::PermissionDenied, _)
     )
 }
 
@@ -90,8 +111,8 @@ impl<R: Remote> Fs<R> {
             // opening the source on the server and waiting for the copy.
             return Err(leave_to_kernel("the source is a small file read ahead"));
         }
-        let ino_in = self.ino_of_open(fh_in)?;
-        if ino_in == out.ino {
+        let input = self.file(fh_in)?;
+        if input.ino == out.ino {
             // sftp-server refuses a copy within one file.
             return Err(leave_to_kernel("source and destination are the same file"));
         }
@@ -109,116 +130,155 @@ impl<R: Remote> Fs<R> {
             ));
         }
         // Program order: what was written to either file before reaches the server first.
-        self.drain_inode(ino_in).await;
+        self.drain_inode(input.ino).await;
         self.drain_inode(out.ino).await;
 
-        let (remote, ino_out) = (self.remote.clone(), out.ino);
+        let job = Job {
+            ino_in: input.ino,
+            offset_in,
+            ino_out: out.ino,
+            offset_out,
+            len,
+        };
         let result = self
-            .with_handle(&out, |to| {
-                let remote = remote.clone();
-                async move {
-                    let ((from, attrs), _) = self
-                        .open_by_name(
-                            ino_in,
-                            |path| {
-                                let (remote, to) = (remote.clone(), to.clone());
-                                async move { remote.open_beside(&path, &to).await }
-                            },
-                            |(h, _)| close_in_background(&remote, vec![h]),
-                        )
-                        .await?;
-                    let copied = self
-                        .copy_between(
-                            &from,
-                            offset_in,
-                            (attrs.file_type(), attrs.size),
-                            &to,
-                            ino_out,
-                            offset_out,
-                            len,
-                        )
-                        .await;
-                    close_in_background(&remote, vec![from]);
-                    copied
-                }
-            })
+            .with_handle(&out, |to| self.copy_once(&input, to, job))
             .await;
         match result {
             Ok(Ok(n)) => {
-                if n > 0 {
-                    self.status_changed(out.ino);
-                    self.attrs_changed(out.ino, None);
-                    self.stats
-                        .bytes_copied_on_server
-                        .fetch_add(n, Ordering::Relaxed);
-                }
+                self.stats
+                    .bytes_copied_on_server
+                    .fetch_add(n, Ordering::Relaxed);
                 Ok(n as u32)
             }
-            Ok(Err(OverQuota)) => Err(FsError::new(
-                libc::ENOSPC,
-                "the delegation's byte quota is used up",
-            )),
+            // Refused for the application: ENOSPC, EROFS.
+            Ok(Err(e)) => Err(e),
             Err(e) => {
                 // Either way the kernel copies this range through read and write.
-                tracing::debug!(ino_in, ino_out = out.ino, "server-side copy not done: {e}");
-                match e {
-                    RemoteError::Unsupported(_) | RemoteError::Status(Status::OpUnsupported, _) => {
-                        Err(FsError::new(libc::ENOSYS, format!("server-side copy: {e}")))
-                    }
-                    e => Err(leave_to_kernel(e)),
+                tracing::debug!(
+                    ino_in = job.ino_in,
+                    ino_out = job.ino_out,
+                    "server-side copy not done: {e}"
+                );
+                match never_copies(&e) {
+                    true => Err(FsError::new(libc::ENOSYS, format!("server-side copy: {e}"))),
+                    false => Err(leave_to_kernel(e)),
                 }
             }
         }
     }
 
-    /// The inode of an open descriptor, whether it reads from a fetched-ahead copy or not.
-    fn ino_of_open(&self, fh: u64) -> FsResult<Ino> {
-        if let Some((ino, _)) = self.snapshots.lock().unwrap().get(&fh) {
-            return Ok(*ino);
-        }
-        Ok(self.file(fh)?.ino)
+    /// One try, on the destination's server handle `to`: the source is opened again by its
+    /// name beside `to`, while its own descriptor's handle is asked for its attributes, so
+    /// that a name that leads elsewhere now (a symlink, or another file put in its place on
+    /// the server) is noticed before anything is copied.
+    async fn copy_once(
+        &self,
+        input: &Arc<OpenFile<R>>,
+        to: R::Handle,
+        job: Job,
+    ) -> Result<FsResult<u64>, RemoteError> {
+        let remote = &self.remote;
+        let (own, _) = input.versioned_handle().await;
+        let (opened, own) = tokio::join!(
+            self.open_by_name(
+                job.ino_in,
+                |path| {
+                    let (remote, to) = (remote.clone(), to.clone());
+                    async move { remote.open_beside(&path, &to).await }
+                },
+                |(h, _)| close_in_background(remote, vec![h]),
+            ),
+            remote.fstat(&own),
+        );
+        let ((from, named), _) = opened?;
+        let result = match own {
+            Ok(own) => self.copy_from(&from, &named, &own, &to, job).await,
+            Err(e) => Err(e),
+        };
+        close_in_background(remote, vec![from]);
+        result
     }
 
-    /// One server-side copy of up to `len` bytes: as many as the source (a regular file of
-    /// `size` bytes by its name when it was opened, not a link) holds past `offset_in` and the quota lets `ino_out` grow by.
-    #[allow(clippy::too_many_arguments)]
-    async fn copy_between(
+    /// The copy itself, from `from` (opened by the source's name, which has attributes
+    /// `named`; `own`: those of the application's own descriptor of it) to `to`: as many
+    /// bytes as the source holds past the offset and the quota lets the destination grow by.
+    async fn copy_from(
         &self,
         from: &R::Handle,
-        offset_in: u64,
-        (kind, size): (FileKind, Option<u64>),
+        named: &Attrs,
+        own: &Attrs,
         to: &R::Handle,
-        ino_out: Ino,
-        offset_out: u64,
-        len: u64,
-    ) -> Result<Result<u64, OverQuota>, RemoteError> {
+        job: Job,
+    ) -> Result<FsResult<u64>, RemoteError> {
+        let leads_elsewhere = |why: String| Err(RemoteError::Status(Status::Failure, why));
+        let kind = named.file_type();
         if kind != FileKind::File {
             // The name leads through a symlink now (or to something else): the descriptor the
             // application opened is what the kernel's copy reads, not where a link points.
-            return Err(RemoteError::Status(
-                Status::Failure,
-                format!("the source's name is a {kind:?} on the server now"),
-            ));
+            return leads_elsewhere(format!("the source's name is a {kind:?} on the server now"));
         }
-        let Some(size) = size else {
-            return Err(RemoteError::Status(
-                Status::Failure,
-                "the server gave no size for the source".into(),
-            ));
+        if (named.size, named.mtime) != (own.size, own.mtime) {
+            return leads_elsewhere("the source's name leads to another file now".into());
+        }
+        let Some(size) = named.size else {
+            return leads_elsewhere("the server gave no size for the source".into());
         };
-        let n = len.min(size.saturating_sub(offset_in));
+        let n = job.len.min(size.saturating_sub(job.offset_in));
         if n == 0 {
             return Ok(Ok(0));
         }
+        // Again: the lease may have ended while the source was opened (or a reconnect waited).
+        if let Err(e) = self.check_writable("copy_file_range") {
+            return Ok(Err(e));
+        }
         // Charged before it is sent, as a write is. (Asking twice for the same range, as a
         // retry after a reconnect does, charges nothing more: only growth is charged.)
-        let n = match self.enforcer.quota.reserve_write(ino_out, offset_out, n) {
+        let quota = &self.enforcer.quota;
+        let size_before = quota.size_of(job.ino_out);
+        let n = match quota.reserve_write(job.ino_out, job.offset_out, n) {
             Ok(fits) => fits.min(n),
-            Err(over) => return Ok(Err(over)),
+            Err(OverQuota) => {
+                return Ok(Err(FsError::new(
+                    libc::ENOSPC,
+                    "the delegation's byte quota is used up",
+                )))
+            }
         };
-        self.remote
-            .copy_data(from, offset_in, n, to, offset_out)
-            .await
-            .map(|()| Ok(n))
+        let result = self
+            .remote
+            .copy_data(from, job.offset_in, n, to, job.offset_out)
+            .await;
+        match &result {
+            Err(e) if never_copies(e) => {
+                // Nothing was copied: nothing stays charged (the kernel's copy charges its
+                // own writes).
+                if let Some(size) = size_before {
+                    quota.unreserve(job.ino_out, size);
+                }
+            }
+            // Copied, or maybe partly (a failure, a lost answer): what was known of the
+            // destination is not any more.
+            _ => self.copied_into(job.ino_out),
+        }
+        result.map(|()| Ok(n))
+    }
+
+    /// The server changed `ino`'s data behind the mount's write path: its cached attributes,
+    /// listing entries and fetched-ahead copies go, and no descriptor of it answers from the
+    /// attributes it had when it created the file (`cp -p` sets times right after the copy).
+    fn copied_into(&self, ino: Ino) {
+        let files: Vec<_> = self
+            .files
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|f| f.ino == ino)
+            .cloned()
+            .collect();
+        for f in files {
+            f.update_created(None);
+        }
+        self.status_changed(ino);
+        self.attrs_changed(ino, None);
     }
 }

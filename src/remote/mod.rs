@@ -425,8 +425,9 @@ pub trait Remote: Send + Sync + 'static {
     /// Copy `len` bytes at `from_offset` of the file open as `from` to `to_offset` of the
     /// file open as `to`, on the server, without the data crossing the link (OpenSSH's
     /// `copy-data` extension). Both handles must come from the same place (see
-    /// [`Remote::open_beside`]). `Status::Eof` if the source ends before `len` bytes, in
-    /// which case an unknown part was copied. The default: `Unsupported`.
+    /// [`Remote::open_beside`]). `Ok` only when all `len` bytes were copied; an error may
+    /// come after an unknown part was (`Status::Eof`: the source ended first). The default:
+    /// `Unsupported`.
     fn copy_data(
         &self,
         from: &Self::Handle,

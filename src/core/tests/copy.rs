@@ -270,3 +270,122 @@ async fn a_source_name_that_became_a_symlink_is_not_copied_from() {
     assert_eq!(h.plan.calls(ROp::CopyData), 0);
     assert!(std::fs::read(h.disk("dst")).unwrap().is_empty());
 }
+
+/// `cp -p` sets the times and mode of the copy right after it, through the descriptor that
+/// created the file: the answer (which the kernel takes the size from) shows what the server
+/// copied, not the empty file it created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attributes_set_after_a_copy_show_what_was_copied() {
+    let h = Harness::new();
+    let content = pattern(300 << 10);
+    std::fs::write(h.disk("src"), &content).unwrap();
+    let fh_in = h.open(h.lookup(ROOT, "src").await, libc::O_RDONLY).await;
+    // As cp creates its copy: O_EXCL.
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
+    let (dst, fh_out) = h.create_with(ROOT, "dst", flags).await;
+    let n = h.fs.copy_file_range(fh_in, 0, fh_out, 0, 1 << 30);
+    let n = n.await.unwrap();
+    assert_eq!(n as usize, content.len());
+    let set = SetattrRequest {
+        mode: Some(libc::S_IFREG | 0o600),
+        mtime: at(1_000_000),
+        atime: at(1_000_000),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(dst, Some(fh_out), set).await.unwrap();
+    assert_eq!(
+        a.size,
+        content.len() as u64,
+        "size in the answer to utimens"
+    );
+    assert_eq!(h.size(dst, None).await, content.len() as u64);
+    h.fs.release(fh_out).await.unwrap();
+    assert_eq!(h.meta("dst").mtime(), 1_000_000);
+    assert_eq!(std::fs::read(h.disk("dst")).unwrap(), content);
+}
+
+/// A copy that failed (or whose answer was lost) may have changed the destination on the
+/// server: what the mount knew of it is dropped all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_copy_drops_what_was_known_of_the_destination() {
+    let h = Harness::new();
+    let content = pattern(300 << 10);
+    let (fh_in, dst, fh_out) = source_and_destination(&h, &content).await;
+    assert_eq!(h.size(dst, None).await, 0);
+    h.plan
+        .fail_next_after_performing(ROp::CopyData, 1, failure("lost in the last step"));
+    assert_errno(
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 1 << 30).await,
+        libc::EOPNOTSUPP,
+        "a copy that failed after it was done",
+    );
+    assert_eq!(
+        h.size(dst, None).await,
+        content.len() as u64,
+        "the cached size of the destination was kept"
+    );
+}
+
+/// The quota: a copy done again after a lost answer is charged once, and a copy the server
+/// never makes (no extension) is not charged at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_is_charged_once_and_only_when_made() {
+    let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(100 << 20), None);
+    let content = pattern(500_000);
+    let (fh_in, _, fh_out) = source_and_destination(&h, &content).await;
+    let before = quota.usage().bytes;
+    h.plan
+        .fail_next(ROp::CopyData, 1, RemoteError::Unsupported("copy-data"));
+    assert_errno(
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 500_000).await,
+        libc::ENOSYS,
+        "no copy-data",
+    );
+    assert_eq!(quota.usage().bytes, before, "charged for a copy never made");
+    h.plan
+        .fail_next_after_performing(ROp::CopyData, 1, RemoteError::StaleHandle);
+    let n = h.fs.copy_file_range(fh_in, 0, fh_out, 0, 500_000);
+    assert_eq!(n.await.unwrap(), 500_000);
+    assert_eq!(h.plan.calls(ROp::CopyData), 3);
+    assert_eq!(quota.usage().bytes - before, 500_000, "charged twice");
+}
+
+/// Another file put in place of the source on the server (an editor's atomic save there):
+/// the copy is left to the kernel, which reads the file the application opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_replaced_on_the_server_is_not_copied_from() {
+    let h = Harness::new();
+    let (fh_in, _, fh_out) = source_and_destination(&h, &pattern(300 << 10)).await;
+    std::fs::write(h.disk("new"), pattern(400 << 10)).unwrap();
+    std::fs::rename(h.disk("new"), h.disk("src")).unwrap();
+    assert_errno(
+        h.fs.copy_file_range(fh_in, 0, fh_out, 0, 200 << 10).await,
+        libc::EOPNOTSUPP,
+        "copy from a name that leads to another file now",
+    );
+    assert_eq!(h.plan.calls(ROp::CopyData), 0);
+}
+
+/// A lease that ends while the copy waits (here: for the source to be opened) stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_that_ends_during_a_copy_stops_it() {
+    let h = Harness::new();
+    let (fh_in, _, fh_out) = source_and_destination(&h, &pattern(300 << 10)).await;
+    h.plan.hold(ROp::OpenBeside);
+    let copy = tokio::spawn({
+        let fs = h.fs.clone();
+        async move { fs.copy_file_range(fh_in, 0, fh_out, 0, 1 << 30).await }
+    });
+    h.plan.until_held(ROp::OpenBeside, 1).await;
+    h.fs.set_read_only();
+    h.plan.release(ROp::OpenBeside);
+    assert_errno(
+        copy.await.unwrap(),
+        libc::EROFS,
+        "copy after the lease ended",
+    );
+    assert_eq!(h.plan.calls(ROp::CopyData), 0);
+    assert!(std::fs::read(h.disk("dst")).unwrap().is_empty());
+}

@@ -1090,8 +1090,16 @@ impl Remote for SftpRemote {
                 "copy-data needs both handles on one channel".into(),
             ));
         }
-        let r = c.channels[to.channel]
-            .request(&Request::CopyData {
+        // OpenSSH's sftp-server takes each 64 KiB step off the length before it reads and
+        // writes it, and answers OK whenever the length reached zero: a read or write that
+        // fails in the last step (a full disk, the source ending early) is answered OK.
+        // So the sizes of both files are asked right behind the copy, on the same channel
+        // (answered after it, in the same round trip), and a copy they show short of its end
+        // is a failure. (An overwrite inside the destination's old size cannot be checked
+        // this way; it is also where a full disk cannot stop a write.)
+        let ch = &c.channels[to.channel];
+        let copied = ch
+            .send(&Request::CopyData {
                 from: &from.raw,
                 from_offset,
                 len,
@@ -1099,7 +1107,24 @@ impl Remote for SftpRemote {
                 to_offset,
             })
             .await?;
-        expect_ok(codec::EXT_COPY_DATA, r)
+        let to_size = ch.send(&Request::Fstat { handle: &to.raw }).await?;
+        let from_size = ch.send(&Request::Fstat { handle: &from.raw }).await?;
+        expect_ok(codec::EXT_COPY_DATA, copied.wait().await?)?;
+        for (pending, end, what) in [
+            (to_size, to_offset + len, "destination"),
+            (from_size, from_offset + len, "source"),
+        ] {
+            let size = expect_attrs("FSTAT", pending.wait().await?)?.size;
+            if size.is_none_or(|s| s < end) {
+                return Err(RemoteError::Status(
+                    Status::Failure,
+                    format!(
+                        "copy-data answered OK, but the {what} has {size:?} bytes, short of {end}"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     async fn close(&self, handle: &SftpHandle) -> RemoteResult<()> {
