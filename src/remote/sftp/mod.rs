@@ -771,23 +771,9 @@ impl SftpRemote {
         flags: OpenFlags,
         perm: u32,
     ) -> RemoteResult<(SftpHandle, Attrs)> {
-        // One channel serves its requests in order, so an LSTAT queued right behind the OPEN
-        // sees the file the OPEN created: two requests, one round trip.
         let c = self.inner.conn().await?;
         let ch = Self::channel_index(&c, c.pick());
-        let open = open_request(path, flags, perm);
-        let opened = c.channels[ch].send(&open).await?;
-        let stat = c.channels[ch].send(&Request::Lstat { path }).await;
-        let raw = expect_handle(open.name(), opened.wait().await?)?;
-        let handle = SftpHandle {
-            raw,
-            channel: ch,
-            generation: c.generation,
-        };
-        let attrs = match stat {
-            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
-            Err(e) => Err(e),
-        };
+        let (handle, attrs) = self.open_lstat_on(&c, ch, path, flags, perm).await?;
         match attrs {
             Ok(a) => Ok((handle, a)),
             // The path was replaced in between (or is a link): ask the handle itself.
@@ -799,6 +785,33 @@ impl SftpRemote {
                 }
             },
         }
+    }
+
+    /// OPEN and an LSTAT of the same path, sent together on channel `ch`: one channel serves
+    /// its requests in order, so the LSTAT sees what the OPEN opened or created (barring a
+    /// change on the server in between): two requests, one round trip. The handle, and the
+    /// LSTAT's answer.
+    async fn open_lstat_on(
+        &self,
+        c: &Connection,
+        ch: usize,
+        path: &Path,
+        flags: OpenFlags,
+        perm: u32,
+    ) -> RemoteResult<(SftpHandle, RemoteResult<Attrs>)> {
+        let open = open_request(path, flags, perm);
+        let opened = c.channels[ch].send(&open).await?;
+        let stat = c.channels[ch].send(&Request::Lstat { path }).await;
+        let handle = SftpHandle {
+            raw: expect_handle(open.name(), opened.wait().await?)?,
+            channel: ch,
+            generation: c.generation,
+        };
+        let attrs = match stat {
+            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
+            Err(e) => Err(e),
+        };
+        Ok((handle, attrs))
     }
 
     fn channel_index(c: &Connection, ch: &SftpChannel) -> usize {
@@ -1038,28 +1051,16 @@ impl Remote for SftpRemote {
         expect_ok(codec::EXT_FSYNC, r)
     }
 
-    /// OPEN and LSTAT, both on `beside`'s channel and sent together: one channel serves its
-    /// requests in order, so the LSTAT sees what the OPEN opened (barring a change on the
-    /// server in between).
+    /// OPEN and LSTAT together on `beside`'s channel (see `open_lstat_on`).
     async fn open_beside(
         &self,
         path: &Path,
         beside: &SftpHandle,
     ) -> RemoteResult<(SftpHandle, Attrs)> {
         let c = self.inner.conn_for(beside)?;
-        let ch = &c.channels[beside.channel];
-        let open = open_request(path, OpenFlags::read_only(), 0);
-        let opened = ch.send(&open).await?;
-        let stat = ch.send(&Request::Lstat { path }).await;
-        let handle = SftpHandle {
-            raw: expect_handle(open.name(), opened.wait().await?)?,
-            channel: beside.channel,
-            generation: c.generation,
-        };
-        let attrs = match stat {
-            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
-            Err(e) => Err(e),
-        };
+        let (handle, attrs) = self
+            .open_lstat_on(&c, beside.channel, path, OpenFlags::read_only(), 0)
+            .await?;
         match attrs {
             Ok(a) => Ok((handle, a)),
             Err(e) => {
