@@ -121,6 +121,29 @@ impl Serve {
         fs::read_to_string(self.base.path().join("serve.log")).unwrap_or_default()
     }
 
+    /// The service's log and the logs of the mounts it made (`mount.log` in each task's
+    /// directory, which keeps every warning of the mount: the context of an errno it gave),
+    /// for a failure message.
+    fn logs(&self) -> String {
+        fn mount_logs(dir: &Path, out: &mut String) {
+            for e in fs::read_dir(dir).into_iter().flatten().flatten() {
+                let path = e.path();
+                match e.file_type() {
+                    Ok(t) if t.is_dir() => mount_logs(&path, out),
+                    Ok(_) if path.file_name() == Some(std::ffi::OsStr::new("mount.log")) => {
+                        let text = fs::read_to_string(&path).unwrap_or_default();
+                        let tail = &text[text.len().saturating_sub(8000)..];
+                        out.push_str(&format!("\n--- {}:\n{tail}", path.display()));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        let mut out = format!("--- serve.log:\n{}", self.log());
+        mount_logs(self.base.path(), &mut out);
+        out
+    }
+
     /// SIGKILL: as a crash.
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -655,11 +678,12 @@ fn lease_expiry_turns_read_only_and_ends_with_expired() {
     let (_, events) = delegate(&c, &sshd, &d, "rw", 20, prompt, serve.base.path());
     let evs = events.until_end(Duration::from_secs(60));
     let e = terminal(&evs);
-    assert_eq!(e["code"], "EXPIRED", "{evs:?}\n{}", serve.log());
+    assert_eq!(e["code"], "EXPIRED", "{evs:?}\n{}", serve.logs());
     let msg = e["message"].as_str().unwrap();
     assert!(
         msg.contains("Read-only file system") && msg.contains("WRITES-REFUSED"),
-        "{msg}"
+        "{msg}\n{}",
+        serve.logs()
     );
     assert_eq!(
         fs::read_to_string(d.work.join("a.txt")).unwrap(),
