@@ -672,7 +672,13 @@ fn lease_expiry_turns_read_only_and_ends_with_expired() {
     let serve = Serve::start(Some(&sshd), "", "", task_policy());
     let c = Client::new(serve.url());
     let d = delegation(&sshd, "dlg_lease");
-    let prompt = "cd workspace; echo before > a.txt; while echo x >> b.txt; do sleep 0.2; done; echo WRITES-REFUSED; sleep 300";
+    // Both ways a write is refused: through a descriptor opened before the expiry (the
+    // write(2) fails), and by a later open. `/bin/echo`, not the shell's: dash reports any
+    // failed write of a builtin as "I/O error", whatever the errno (a run whose open came
+    // just before the expiry and its write just after failed on that).
+    let prompt = "cd workspace; echo before > a.txt; exec 3>> b.txt; \
+                  while /bin/echo x >&3; do sleep 0.2; done; echo FD-REFUSED; \
+                  while /bin/echo x >> b.txt; do sleep 0.2; done; echo WRITES-REFUSED; sleep 300";
     // A lease long enough for the mount and the task's first write even when setting them up
     // stalls for seconds; the end comes after it plus the grace period (2 s).
     let (_, events) = delegate(&c, &sshd, &d, "rw", 20, prompt, serve.base.path());
@@ -681,7 +687,10 @@ fn lease_expiry_turns_read_only_and_ends_with_expired() {
     assert_eq!(e["code"], "EXPIRED", "{evs:?}\n{}", serve.logs());
     let msg = e["message"].as_str().unwrap();
     assert!(
-        msg.contains("Read-only file system") && msg.contains("WRITES-REFUSED"),
+        msg.contains("echo: write error: Read-only file system")
+            && msg.contains("cannot create b.txt: Read-only file system")
+            && msg.contains("FD-REFUSED")
+            && msg.contains("WRITES-REFUSED"),
         "{msg}\n{}",
         serve.logs()
     );
