@@ -18,7 +18,7 @@
 //! closes that handle on the server instead of leaking it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -80,6 +80,15 @@ struct Pending {
     _permits: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
 }
 
+/// See [`SftpChannel::copying`].
+pub(crate) struct CopyGuard(Arc<Shared>);
+
+impl Drop for CopyGuard {
+    fn drop(&mut self) {
+        self.0.copies.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 struct Shared {
     index: usize,
     /// `None` once the channel is dead: nothing can be registered any more.
@@ -93,6 +102,8 @@ struct Shared {
     /// Recent minimum reply time, which sizes the write budget ([`pacing`]).
     min_rtt: MinRtt,
     death: DeathSignal,
+    /// Server-side copies in progress (see [`SftpChannel::copying`]).
+    copies: AtomicUsize,
 }
 
 impl Shared {
@@ -270,6 +281,7 @@ impl SftpChannel {
             byte_sem: Arc::new(Semaphore::new(MAX_BYTES_IN_FLIGHT)),
             min_rtt,
             death,
+            copies: AtomicUsize::new(0),
         });
         let (wtx, wrx) = mpsc::unbounded_channel();
         tokio::spawn(writer_task(write, wrx, shared.clone()));
@@ -285,9 +297,20 @@ impl SftpChannel {
         &self.version
     }
 
-    /// Requests waiting for a reply (for picking the least loaded channel).
+    /// Requests waiting for a reply (for picking the least loaded channel). A channel whose
+    /// server process is making a copy counts as full: it answers nothing else until the
+    /// copy is done.
     pub(crate) fn load(&self) -> usize {
-        MAX_REQUESTS_IN_FLIGHT.saturating_sub(self.shared.req_sem.available_permits())
+        let waiting =
+            MAX_REQUESTS_IN_FLIGHT.saturating_sub(self.shared.req_sem.available_permits());
+        waiting + self.shared.copies.load(Ordering::Relaxed) * MAX_REQUESTS_IN_FLIGHT
+    }
+
+    /// Mark the channel busy with a server-side copy (`copy-data`) until the guard is dropped,
+    /// so that new requests go to the other channels meanwhile (see [`SftpChannel::load`]).
+    pub(crate) fn copying(&self) -> CopyGuard {
+        self.shared.copies.fetch_add(1, Ordering::Relaxed);
+        CopyGuard(self.shared.clone())
     }
 
     fn disconnected(&self) -> RemoteError {

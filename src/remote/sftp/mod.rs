@@ -1099,6 +1099,7 @@ impl Remote for SftpRemote {
         // is a failure. (An overwrite inside the destination's old size cannot be checked
         // this way; it is also where a full disk cannot stop a write.)
         let ch = &c.channels[to.channel];
+        let _busy = ch.copying();
         let copied = ch
             .send(&Request::CopyData {
                 from: &from.raw,
