@@ -3,29 +3,36 @@
 //!
 //! `cp` (coreutils 9 and later) copies a regular file with `copy_file_range`; without this the
 //! kernel copies through our `read` and `write`, and every byte crosses the link twice. Over a
-//! 20 ms link a 64 MiB copy then takes seconds; done by the server it takes one round trip and
+//! 20 ms link a 64 MiB copy then takes seconds; done by the server it takes two round trips and
 //! the server's own disk time.
 //!
 //! What a copy must keep, as a write does:
 //! * **Program order.** Writes of either file that were acknowledged to an application but are
 //!   still on their way (write-behind) land before the copy is sent; the kernel holds the
 //!   destination's inode lock over the request, so no later write can overtake it.
-//! * **Policy.** A read-only or expired lease refuses it (`EROFS`), the destination's growth is
-//!   charged to the quota before anything is sent (`ENOSPC` when not a byte fits, a short copy
-//!   when only part does), and the source is opened again by the name the mount knows it by,
-//!   inside the export (`Fs::open_by_name`, safe against renames through the mount); a name
-//!   that is a symlink on the server then (a followed link, or one swapped in since the
-//!   application opened the file) is not copied from: the kernel's copy reads the
-//!   application's own descriptor.
+//! * **Policy.** A read-only or expired lease refuses it (`EROFS`, checked again right before
+//!   the copy is sent), and the destination's growth is charged to the quota before anything
+//!   is sent (`ENOSPC` when not a byte fits, a short copy when only part does).
+//! * **The right source.** It is opened again by the name the mount knows it by, inside the
+//!   export (`Fs::open_by_name`, safe against renames through the mount), with an LSTAT of
+//!   the name in the same round trip and an FSTAT of the application's own descriptor beside
+//!   it: a name that is a symlink on the server by then, or leads to a file of another size or
+//!   mtime (another file put in its place on the server), is not copied from.
 //! * **Caches.** The destination's cached attributes, listing entries and fetched-ahead copies
-//!   are dropped as for a write; the kernel drops its own cached pages of the range.
+//!   are dropped as for a write (also after a copy that failed, which may have done part),
+//!   and its descriptors forget the attributes they had when they created it; the kernel
+//!   drops its own cached pages of the range.
+//! * **No silent short copy.** OpenSSH answers OK for a copy that failed in its last 64 KiB
+//!   step; the SFTP remote checks both files' sizes behind it (see `SftpRemote::copy_data`).
 //!
-//! A source read ahead into memory (a small file, see `prefetch`) is left to the kernel, which
-//! copies it from there. Anything the server will not copy (no `copy-data`, a server in read-only mode, a source it
-//! cannot open, a source that ended early, two names of one file, a lost connection) is
-//! answered `EOPNOTSUPP`, on which the kernel copies that range through `read` and `write`
-//! itself, exactly as before: the copy still happens, with every guarantee of a write. A server
-//! without the extension is answered `ENOSYS`, which the kernel remembers: it stops asking.
+//! A copy under [`MIN_SERVER_COPY`], or from a small file read ahead into memory (see
+//! `prefetch`), is left to the kernel, which costs no more round trips there. So is anything
+//! the server will not or did not copy (a source it cannot open or that leads elsewhere, two
+//! names of one file, an `O_APPEND` destination, a failed or short copy, a lost connection
+//! that a reconnect could not make up for): answered `EOPNOTSUPP`, on which the kernel copies
+//! that range through `read` and `write` itself, exactly as before, with every guarantee of a
+//! write. A server without the extension, or whose policy refuses it, is answered `ENOSYS`,
+//! which the kernel remembers: it stops asking.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
