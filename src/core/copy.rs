@@ -91,7 +91,7 @@ fn never_copies(e: &RemoteError) -> bool {
 impl<R: Remote> Fs<R> {
     /// Copy up to `len` bytes at `offset_in` of the file open as `fh_in` to `offset_out` of
     /// the file open as `fh_out`, on the server: the number of bytes copied (fewer than `len`
-    /// at the source's end, past [`MAX_SERVER_COPY`], or at the quota's edge).
+    /// at the source's end, past `MAX_SERVER_COPY`, or at the quota's edge).
     pub async fn copy_file_range(
         self: &Arc<Self>,
         fh_in: u64,
