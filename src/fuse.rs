@@ -602,8 +602,8 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     // where a program asks). The kernel makes each answer what a local filesystem without
     // the feature gives: it remembers ENOSYS for lseek (SEEK_DATA/SEEK_HOLE then treat the
     // file as all data), fallocate (EOPNOTSUPP; glibc's posix_fallocate writes zeros) and
-    // poll (always ready); an unknown ioctl becomes ENOTTY. (Locks never come here: POSIX locks are not asked for in
-    // `init`, so the kernel keeps them locally.)
+    // poll (always ready); an unknown ioctl becomes ENOTTY. (Locks never come here: POSIX
+    // locks are not asked for in `init`, so the kernel keeps them locally.)
     fn lseek(
         &self,
         _req: &Request,
