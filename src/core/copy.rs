@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use super::file::{close_in_background, OpenFile};
 use super::inode::Ino;
-use super::{past_max_offset, Fs};
+use super::{past_max_offset, quota_used_up, Fs};
 use crate::error::{FsError, FsResult};
 use crate::policy::quota::OverQuota;
 use crate::remote::{Attrs, FileKind, Remote, RemoteError, Status};
@@ -244,12 +244,7 @@ impl<R: Remote> Fs<R> {
         let size_before = quota.size_of(job.ino_out);
         let n = match quota.reserve_write(job.ino_out, job.offset_out, n) {
             Ok(fits) => fits.min(n),
-            Err(OverQuota) => {
-                return Ok(Err(FsError::new(
-                    libc::ENOSPC,
-                    "the delegation's byte quota is used up",
-                )))
-            }
+            Err(OverQuota) => return Ok(Err(quota_used_up())),
         };
         let result = self
             .remote
@@ -274,17 +269,7 @@ impl<R: Remote> Fs<R> {
     /// listing entries and fetched-ahead copies go, and no descriptor of it answers from the
     /// attributes it had when it created the file (`cp -p` sets times right after the copy).
     fn copied_into(&self, ino: Ino) {
-        let files: Vec<_> = self
-            .files
-            .lock()
-            .unwrap()
-            .values()
-            .filter(|f| f.ino == ino)
-            .cloned()
-            .collect();
-        for f in files {
-            f.update_created(None);
-        }
+        self.forget_created(ino);
         self.status_changed(ino);
         self.attrs_changed(ino, None);
     }

@@ -256,6 +256,11 @@ fn past_max_offset(offset: u64, len: u64) -> bool {
         .is_none_or(|end| end > i64::MAX as u64)
 }
 
+/// A change refused because the delegation's byte quota has no room for it.
+fn quota_used_up() -> FsError {
+    FsError::new(libc::ENOSPC, "the delegation's byte quota is used up")
+}
+
 fn remote_err(op: Op, err: &RemoteError, what: impl std::fmt::Display) -> FsError {
     let errno = errno::direct(err, op).unwrap_or(libc::EIO);
     FsError::new(errno, format!("{what}: {err}"))
@@ -1133,6 +1138,14 @@ impl<R: Remote> Fs<R> {
             .cloned()
     }
 
+    /// `ino` was changed other than by writes and changes behind them: descriptors that
+    /// created it no longer know its attributes (see `setattr_behind`).
+    fn forget_created(&self, ino: Ino) {
+        for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+            f.update_created(None);
+        }
+    }
+
     /// Files of `ino` with writes not yet answered.
     fn writers_of(&self, ino: Ino) -> Vec<Arc<OpenFile<R>>> {
         self.files
@@ -1192,9 +1205,7 @@ impl<R: Remote> Fs<R> {
             }
         }
         // Changed otherwise: what descriptors that created the file knew of it is stale.
-        for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
-            f.update_created(None);
-        }
+        self.forget_created(ino);
         let kind = self.inodes.lock().unwrap().kind(ino);
         // Writes in flight must land before a truncate (or they would extend the file again)
         // and before times are set (or they would bump the mtime afterwards).
@@ -1254,9 +1265,7 @@ impl<R: Remote> Fs<R> {
                     quota.observe(ino, known.and_then(|a| a.size).unwrap_or(0));
                 }
                 let old = quota.size_of(ino).unwrap_or(0);
-                quota.resize(ino, size).map_err(|_| {
-                    FsError::new(libc::ENOSPC, "the delegation's byte quota is used up")
-                })?;
+                quota.resize(ino, size).map_err(|_| quota_used_up())?;
                 Some(old)
             }
             _ => None,
@@ -2495,8 +2504,7 @@ impl<R: Remote> Fs<R> {
                 .enforcer
                 .quota
                 .reserve_write(file.ino, offset, data.len() as u64)
-                .map_err(|_| FsError::new(libc::ENOSPC, "the delegation's byte quota is used up"))?
-                as usize;
+                .map_err(|_| quota_used_up())? as usize;
             let n = fits.min(data.len());
             let data = Bytes::copy_from_slice(&data[..n]);
             let Some(answer) = file.submit_write(self, offset, data) else {
