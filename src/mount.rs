@@ -804,6 +804,7 @@ fn control_handlers(
                 "bytes_read": stats.bytes_read.load(Relaxed),
                 "bytes_written": stats.bytes_written.load(Relaxed),
                 "opens_fetched_ahead": stats.opens_fetched_ahead.load(Relaxed),
+                "dirs_listed_ahead": stats.dirs_listed_ahead.load(Relaxed),
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),
                 "writes_sent_again": stats.writes_sent_again.load(Relaxed),

@@ -1,9 +1,11 @@
 //! Bounded, TTL'd metadata caches.
 //!
-//! Four LRU maps, each capped at `max_entries` so memory stays bounded however large the tree:
+//! Five LRU maps, each capped at `max_entries` so memory stays bounded however large the tree:
 //! attributes by inode, negative lookups by (parent, name), whole directory listings by
 //! directory inode (they answer lookups of names in a directory that was just listed, which is
-//! what `ls -l`, `find` and `git status` do), and symlink targets by inode.
+//! what `ls -l`, `find` and `git status` do), listings fetched ahead of a walk by path, for
+//! directories the kernel has no inode for yet (see `walk_ahead`), and symlink targets by
+//! inode.
 //!
 //! Every change made through the mount invalidates the entries it affects *before* the
 //! operation returns, so the mount's own changes are always visible through it at once. Changes
@@ -11,7 +13,7 @@
 
 use std::ffi::{OsStr, OsString};
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -61,9 +63,18 @@ pub struct MetaCache {
     /// the request was on its way (else a lookup racing a write would cache the old size).
     clock: u64,
     changed: std::collections::HashMap<Ino, u64>,
+    /// Counts the name changes made through the mount (a subset of the clock's changes): a
+    /// listing fetched ahead by path is kept only if none came while it was on its way.
+    names_clock: u64,
     attrs: LruCache<Ino, (CachedAttrs, Instant)>,
     negative: LruCache<(Ino, OsString), Instant>,
     dirs: LruCache<Ino, (Arc<Vec<DirEntry>>, Instant)>,
+    /// Listings fetched ahead of a walk, by server path, of directories without an inode yet,
+    /// with the change clock from before each was asked for. The directory's inode takes its
+    /// listing over when a lookup creates it (`adopt_dir_ahead`). The mount cannot tell which
+    /// paths a name change through it affects (a renamed directory moves everything below
+    /// it), so every name change drops them all: a walk ahead is for trees nobody changes.
+    dirs_ahead: LruCache<PathBuf, (Arc<Vec<DirEntry>>, u64, Instant)>,
     links: LruCache<Ino, (PathBuf, Instant)>,
 }
 
@@ -79,9 +90,11 @@ impl MetaCache {
             config,
             clock: 0,
             changed: std::collections::HashMap::new(),
+            names_clock: 0,
             attrs: LruCache::new(cap(config.max_entries)),
             negative: LruCache::new(cap(config.max_entries)),
             dirs: LruCache::new(cap(dir_cap)),
+            dirs_ahead: LruCache::new(cap(dir_cap)),
             links: LruCache::new(cap(config.max_entries / 4)),
         }
     }
@@ -96,11 +109,17 @@ impl MetaCache {
         self.attrs.resize(cap(config.max_entries));
         self.negative.resize(cap(config.max_entries));
         self.dirs.resize(cap((config.max_entries / 64).max(16)));
+        self.dirs_ahead
+            .resize(cap((config.max_entries / 64).max(16)));
         self.links.resize(cap(config.max_entries / 4));
     }
 
     pub fn len(&self) -> usize {
-        self.attrs.len() + self.negative.len() + self.dirs.len() + self.links.len()
+        self.attrs.len()
+            + self.negative.len()
+            + self.dirs.len()
+            + self.dirs_ahead.len()
+            + self.links.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -119,6 +138,9 @@ impl MetaCache {
         self.dirs
             .iter_mut()
             .for_each(|(_, (_, until))| *until = now);
+        self.dirs_ahead
+            .iter_mut()
+            .for_each(|(_, (_, _, until))| *until = now);
         self.links
             .iter_mut()
             .for_each(|(_, (_, until))| *until = now);
@@ -161,6 +183,13 @@ impl MetaCache {
     fn names_changed_in(&mut self, dir: Ino) {
         self.clock += 1;
         self.changed.insert(dir, self.clock);
+        self.names_clock += 1;
+        self.dirs_ahead.clear();
+    }
+
+    /// The count of name changes made through the mount so far (see `put_dir_ahead`).
+    pub fn names_now(&self) -> u64 {
+        self.names_clock
     }
 
     /// Whether `ino` changed after the clock read `since`.
@@ -255,6 +284,60 @@ impl MetaCache {
             .put(dir, (listing, Instant::now() + self.config.dir_ttl));
     }
 
+    /// Keep a listing fetched ahead by `path` for a directory without an inode (yet), asked for
+    /// when the change clock read `since` and the name count read `names_since`. Dropped
+    /// unless no name changed through the mount since: it may predate that change.
+    pub fn put_dir_ahead(
+        &mut self,
+        path: PathBuf,
+        listing: Arc<Vec<DirEntry>>,
+        since: u64,
+        names_since: u64,
+        asked: Instant,
+    ) {
+        if self.config.dir_ttl.is_zero() || self.names_clock != names_since {
+            return;
+        }
+        self.dirs_ahead
+            .put(path, (listing, since, asked + self.config.dir_ttl));
+    }
+
+    /// A fresh listing fetched ahead by `path`, with the change clock from before it was asked
+    /// for, and how long it stays fresh. Left in place: the inode made for the path takes it.
+    pub fn peek_dir_ahead(&mut self, path: &Path) -> Option<(Arc<Vec<DirEntry>>, u64, Instant)> {
+        match self.dirs_ahead.get(path) {
+            Some(hit) if hit.2 > Instant::now() => Some(hit.clone()),
+            Some(_) => {
+                self.dirs_ahead.pop(path);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// Take the listing fetched ahead for `path`, if a fresh one is there (for its inode).
+    pub fn take_dir_ahead(&mut self, path: &Path) -> Option<(Arc<Vec<DirEntry>>, u64, Instant)> {
+        if self.dirs_ahead.is_empty() {
+            return None;
+        }
+        self.dirs_ahead
+            .pop(path)
+            .filter(|hit| hit.2 > Instant::now())
+    }
+
+    pub fn has_dirs_ahead(&self) -> bool {
+        !self.dirs_ahead.is_empty()
+    }
+
+    /// Cache `dir`'s listing until `until` (a listing fetched ahead keeps the lifetime it had
+    /// from when it was asked for).
+    pub fn put_dir_until(&mut self, dir: Ino, listing: Arc<Vec<DirEntry>>, until: Instant) {
+        if self.config.dir_ttl.is_zero() || until <= Instant::now() {
+            return;
+        }
+        self.dirs.put(dir, (listing, until));
+    }
+
     /// The listing entry of `name` in `parent` now has these attributes, or (`None`) ones we
     /// do not know: the entry still says the name exists and its type, but a lookup must ask
     /// the server for the attributes. "Unknown" is marked by an absent size, which a listing
@@ -302,6 +385,7 @@ impl MetaCache {
         self.attrs.clear();
         self.negative.clear();
         self.dirs.clear();
+        self.dirs_ahead.clear();
         self.links.clear();
     }
 }

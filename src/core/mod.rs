@@ -15,6 +15,7 @@ pub mod inode;
 mod names;
 pub mod prefetch;
 mod remove_behind;
+mod walk_ahead;
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -171,6 +172,8 @@ pub struct Stats {
     /// Bytes copied by the server for `copy_file_range` (see `copy`), without crossing the
     /// link.
     pub bytes_copied_on_server: AtomicU64,
+    /// Listings fetched ahead of a walk by path (see `walk_ahead`).
+    pub dirs_listed_ahead: AtomicU64,
 }
 
 /// How many subdirectory listings may wait to be prefetched, for the whole mount. Past that,
@@ -221,6 +224,8 @@ pub struct Fs<R: Remote> {
     /// Bounds the subdirectory listings prefetched in the background (see `prefetch_dir`).
     dir_prefetches: Arc<tokio::sync::Semaphore>,
     dir_listings_ahead: Arc<tokio::sync::Semaphore>,
+    /// Walks down the tree and the listings fetched ahead of them (see `walk_ahead`).
+    walk: walk_ahead::WalkAhead,
     /// Small files fetched ahead of their open (see `prefetch`), and the bound on fetches.
     small_files: SmallFileAhead,
     file_fetches: Arc<tokio::sync::Semaphore>,
@@ -361,6 +366,7 @@ impl<R: Remote> Fs<R> {
             listings_in_flight: Mutex::new(HashMap::new()),
             dir_prefetches: Arc::new(tokio::sync::Semaphore::new(MAX_DIR_PREFETCHES)),
             dir_listings_ahead: Arc::new(tokio::sync::Semaphore::new(MAX_DIR_LISTINGS_AHEAD)),
+            walk: walk_ahead::WalkAhead::new(),
             small_files: SmallFileAhead::default(),
             file_fetches: Arc::new(tokio::sync::Semaphore::new(prefetch::MAX_FILE_FETCHES)),
             snapshots: Mutex::new(HashMap::new()),
@@ -925,6 +931,9 @@ impl<R: Remote> Fs<R> {
             .lock()
             .unwrap()
             .lookup(parent, name, attrs.file_type());
+        if attrs.file_type() == FileKind::Dir {
+            self.adopt_listing_ahead(ino);
+        }
         let (attrs, changed) = {
             let mut cache = self.cache.lock().unwrap();
             if cache.changed_since(ino, since) {
@@ -1006,7 +1015,8 @@ impl<R: Remote> Fs<R> {
             .listings_in_flight
             .lock()
             .unwrap()
-            .contains_key(&parent);
+            .contains_key(&parent)
+            || path.parent().is_some_and(|p| self.walk.listing_coming(p));
         if listing_coming || self.lookups_warrant_listing(parent) {
             // A listing asked for before a name of `parent` changed through the mount (one
             // joined on its way) may predate the change: then the server is asked.
@@ -2660,6 +2670,7 @@ impl<R: Remote> Fs<R> {
     /// lookups) is waited for rather than asked for again.
     pub async fn opendir(self: &Arc<Self>, ino: Ino) -> FsResult<u64> {
         let path = self.path_of(ino)?;
+        self.entering_dir(ino);
         if ino == ROOT_INO {
             // Learn (once) whether this is an AWCP export, before its entries are shown.
             self.is_resource_name(OsStr::new("")).await;
@@ -2706,20 +2717,23 @@ impl<R: Remote> Fs<R> {
         // not carried it out yet.
         self.removes_behind.dir_settled(ino).await;
         let since = self.cache.lock().unwrap().now();
+        let until = std::time::Instant::now() + self.cache_config().dir_ttl;
         let listing = match self.remote.read_dir(path).await {
-            Ok(l) => l,
+            Ok(l) => walk_ahead::valid_listing(path, l),
             Err(e) => return Err(self.explain(Op::Readdir, e, path, None).await),
         };
-        let mut listing: Vec<DirEntry> = listing
-            .into_iter()
-            .filter(|e| {
-                let ok = is_valid_listing_name(&e.name);
-                if !ok {
-                    tracing::warn!(dir = %path.display(), name = ?e.name, "server sent an invalid name in a listing; hidden");
-                }
-                ok
-            })
-            .collect();
+        Ok((self.settle_listing(ino, listing, since, until), since))
+    }
+
+    /// Take a listing of directory `ino` from the server, asked for when the change clock read
+    /// `since`, into the listing cache until `until`, and return it as it may be used.
+    fn settle_listing(
+        &self,
+        ino: Ino,
+        mut listing: Vec<DirEntry>,
+        since: u64,
+        until: std::time::Instant,
+    ) -> Arc<Vec<DirEntry>> {
         // Entries changed through the mount while the listing was on its way may show
         // attributes from before the change: mark those unknown (see listing_update). The
         // check and the caching happen under one lock, so a change that completes in between
@@ -2739,9 +2753,9 @@ impl<R: Remote> Fs<R> {
         // missing from it, or still in it: answer this request with it, but do not cache it
         // (it would hide the mount's own change from readdir and lookups until it expires).
         if !cache.changed_since(ino, since) {
-            cache.put_dir(ino, listing.clone());
+            cache.put_dir_until(ino, listing.clone(), until);
         }
-        Ok((listing, since))
+        listing
     }
 
     /// Whether lookups missing in `parent` come often enough that listing the directory
@@ -2781,6 +2795,10 @@ impl<R: Remote> Fs<R> {
                     }
                 }
                 let path = self.path_of(dir).ok()?;
+                // (Or on its way, or fetched ahead, by path for a walk.)
+                if let Some(listed) = self.listing_from_walk(dir, &path).await {
+                    return Some(listed);
+                }
                 self.list_dir(dir, &path).await.ok()
             })
             .await
@@ -2872,6 +2890,7 @@ impl<R: Remote> Fs<R> {
             self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at))
         };
         if entry.attr.kind == FileKind::Dir {
+            self.handed_dir(entry.attr.ino, parent);
             self.prefetch_dir(entry.attr.ino);
         }
         Ok(entry)

@@ -4609,3 +4609,4 @@ async fn a_reopen_is_not_disturbed_by_name_changes_elsewhere() {
 }
 
 mod copy;
+mod walk;

@@ -1,0 +1,186 @@
+//! Listings fetched ahead of a walk down the tree (`core::walk_ahead`).
+
+use super::*;
+
+/// What the kernel does for `ls -R` in one directory: open it, read it with readdirplus (one
+/// lookup reference per entry), close it. Returns the subdirectories and every name seen.
+async fn list_plus(h: &Harness, dir: Ino) -> (Vec<(OsString, Ino)>, Vec<OsString>) {
+    let dh = h.fs.opendir(dir).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    let (mut subdirs, mut names) = (Vec::new(), Vec::new());
+    for item in items.iter().filter(|i| i.attrs.is_some()) {
+        let e = h.fs.readdirplus_entry(dir, item).await.unwrap();
+        names.push(item.name.clone());
+        if e.attr.kind == FileKind::Dir {
+            subdirs.push((item.name.clone(), e.attr.ino));
+        }
+    }
+    h.fs.releasedir(dh);
+    names.sort();
+    (subdirs, names)
+}
+
+/// `ls -R` below `dir`, depth first: every path seen (relative to `dir`), sorted.
+async fn walk_down(h: &Harness, dir: Ino) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut stack = vec![(String::new(), dir)];
+    while let Some((at, ino)) = stack.pop() {
+        let (subdirs, names) = list_plus(h, ino).await;
+        seen.extend(names.iter().map(|n| format!("{at}{}", n.to_string_lossy())));
+        for (name, sub) in subdirs.into_iter().rev() {
+            stack.push((format!("{at}{}/", name.to_string_lossy()), sub));
+        }
+    }
+    seen.sort();
+    seen
+}
+
+fn walked_ahead(h: &Harness) -> u64 {
+    h.fs.stats.dirs_listed_ahead.load(Ordering::Relaxed)
+}
+
+/// `top/{a,b}/{c,d}/e/file`: 2 + 4 + 4 directories below `top`.
+fn make_tree(h: &Harness) {
+    for x in ["a", "b"] {
+        for y in ["c", "d"] {
+            std::fs::create_dir_all(h.disk(format!("top/{x}/{y}/e"))).unwrap();
+            std::fs::write(h.disk(format!("top/{x}/{y}/e/file")), x).unwrap();
+        }
+    }
+}
+
+/// Going down from a directory into one of the subdirectories its readdirplus handed out
+/// lists the whole tree below it in the background, by path: the rest of the walk needs no
+/// round trip, and shows what is on the server. With listings not cached, nothing is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_down_finds_the_tree_below_listed_ahead() {
+    for cached in [true, false] {
+        let ttls = if cached {
+            long_ttls()
+        } else {
+            CacheConfig {
+                dir_ttl: Duration::ZERO,
+                ..long_ttls()
+            }
+        };
+        let h = Harness::with(config(ttls), None);
+        make_tree(&h);
+        let top = h.lookup(ROOT, "top").await;
+        let (subdirs, _) = list_plus(&h, top).await;
+        assert_eq!(subdirs.len(), 2);
+        // The tool goes down into a: the walk starts from top.
+        let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
+        h.fs.releasedir(dh);
+        if !cached {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert_eq!(walked_ahead(&h), 0, "walked ahead without a listing cache");
+            continue;
+        }
+        // a and b have inodes (listed as readdirplus handed them); the 8 below them do not.
+        eventually("the tree below listed ahead", || walked_ahead(&h) == 8).await;
+        h.plan.reset_counts();
+        let seen = walk_down(&h, top).await;
+        assert_eq!(
+            h.plan.call_counts(),
+            std::collections::HashMap::new(),
+            "the walk reached the server"
+        );
+        let mut want = Vec::new();
+        for x in ["a", "b"] {
+            want.push(x.to_string());
+            for y in ["c", "d"] {
+                want.push(format!("{x}/{y}"));
+                want.push(format!("{x}/{y}/e"));
+                want.push(format!("{x}/{y}/e/file"));
+            }
+        }
+        want.sort();
+        assert_eq!(seen, want);
+        // One walk per tree: going down again starts none.
+        let (subdirs, _) = list_plus(&h, subdirs[1].1).await;
+        let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
+        h.fs.releasedir(dh);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(walked_ahead(&h), 8);
+    }
+}
+
+/// A listing fetched ahead by path must not outlive a name change through the mount: after
+/// `top/b` is renamed away and `top/other` renamed to `top/b`, `top/b/c` is the other tree's
+/// `c`, not the one listed ahead under that path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_through_the_mount_drops_the_listings_walked_ahead() {
+    let h = Harness::new();
+    std::fs::create_dir_all(h.disk("top/b/c")).unwrap();
+    std::fs::write(h.disk("top/b/c/was-b"), b"").unwrap();
+    std::fs::create_dir_all(h.disk("top/other/c")).unwrap();
+    std::fs::write(h.disk("top/other/c/was-other"), b"").unwrap();
+    let top = h.lookup(ROOT, "top").await;
+    let (subdirs, _) = list_plus(&h, top).await;
+    let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
+    h.fs.releasedir(dh);
+    eventually("both c listed ahead", || walked_ahead(&h) == 2).await;
+    h.fs.rename(top, os("b"), top, os("old"), 0).await.unwrap();
+    h.fs.rename(top, os("other"), top, os("b"), 0)
+        .await
+        .unwrap();
+    let b = h.lookup(top, "b").await;
+    let c = h.lookup(b, "c").await;
+    assert_eq!(
+        readdir_names(&h, c).await,
+        [os("."), os(".."), os("was-other")]
+    );
+}
+
+/// A lookup in a directory whose listing a walk is fetching by path waits for that listing
+/// instead of asking the server again (no second READDIR, no LSTAT of the name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_joins_a_listing_walked_ahead_on_its_way() {
+    let h = Harness::new();
+    std::fs::create_dir_all(h.disk("top/a/c")).unwrap();
+    std::fs::create_dir_all(h.disk("top/b")).unwrap();
+    for i in 0..5 {
+        std::fs::write(h.disk(format!("top/a/c/f{i}")), b"x").unwrap();
+    }
+    let top = h.lookup(ROOT, "top").await;
+    let (subdirs, _) = list_plus(&h, top).await;
+    // top, a and b listed (b by its prefetch).
+    eventually("a and b listed", || h.plan.calls(ROp::ReadDir) == 3).await;
+    h.plan.reset_counts();
+    h.plan.hold(ROp::ReadDir);
+    let a = subdirs.iter().find(|(n, _)| n == "a").unwrap().1;
+    let dh = h.fs.opendir(a).await.unwrap();
+    h.fs.releasedir(dh);
+    // The walk's listing of top/a/c is at the server's door.
+    h.plan.until_held(ROp::ReadDir, 1).await;
+    let fs = h.fs.clone();
+    let lookups = tokio::spawn(async move {
+        let c = fs.lookup(a, os("c")).await.unwrap().attr.ino;
+        fs.lookup(c, os("f3")).await.unwrap().attr.size
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    h.plan.release(ROp::ReadDir);
+    assert_eq!(lookups.await.unwrap(), 1);
+    assert_eq!(h.plan.calls(ROp::ReadDir), 1, "listed twice");
+    assert_eq!(h.plan.calls(ROp::Lstat), 0, "looked up by name");
+}
+
+/// A walk lists at most `MAX_WALK_LISTINGS` directories ahead, however large the tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_ahead_is_bounded() {
+    let h = Harness::new();
+    let n = super::super::walk_ahead::MAX_WALK_LISTINGS + 40;
+    std::fs::create_dir_all(h.disk("top/a")).unwrap();
+    for i in 0..n {
+        std::fs::create_dir_all(h.disk(format!("top/a/d{i}"))).unwrap();
+    }
+    let top = h.lookup(ROOT, "top").await;
+    let (subdirs, _) = list_plus(&h, top).await;
+    let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
+    h.fs.releasedir(dh);
+    // (One listing of the budget is a's, for its inode: not one by path.)
+    let by_path = super::super::walk_ahead::MAX_WALK_LISTINGS as u64 - 1;
+    eventually("the walk's budget spent", || walked_ahead(&h) == by_path).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(walked_ahead(&h), by_path);
+}
