@@ -601,6 +601,66 @@ fn server_changes_show_after_the_ttl() {
     );
 }
 
+/// Every path below `dir`, relative to it, sorted: `find`'s walk (readdirplus and the walk
+/// ahead on the mount).
+fn tree_paths(dir: &Path) -> Vec<String> {
+    let out = Command::new("find").arg(dir).output().unwrap();
+    assert!(
+        out.status.success(),
+        "find: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let prefix = format!("{}/", dir.display());
+    let mut v: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+        .collect();
+    v.sort();
+    v
+}
+
+/// A walk down the tree (`find`, `ls -R`) on the mount, whose listings are fetched ahead of
+/// it, shows what is on the server; and what the mount changes afterwards shows at once
+/// through it, whatever was listed ahead: a directory renamed away and another renamed into
+/// its place shows its own entries at every level, and so does a directory made anew.
+#[test]
+fn walks_down_the_tree_see_the_server_and_the_mounts_own_changes() {
+    let m = TestMount::start(&[]);
+    for x in ["a", "b", "other"] {
+        for y in ["c", "d"] {
+            fs::create_dir_all(m.e(format!("t/{x}/{y}/e"))).unwrap();
+            fs::write(m.e(format!("t/{x}/{y}/e/from-{x}")), x).unwrap();
+        }
+    }
+    let on_server = tree_paths(&m.e("t"));
+    assert_eq!(on_server.len(), 3 * (1 + 2 * 3));
+    assert_eq!(tree_paths(&m.p("t")), on_server, "the walk on the mount");
+    let out = Command::new("ls")
+        .arg("-lR")
+        .arg(m.p("t"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "ls -lR: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    fs::rename(m.p("t/b"), m.p("t/old")).unwrap();
+    fs::rename(m.p("t/other"), m.p("t/b")).unwrap();
+    fs::create_dir_all(m.p("t/other/c/e")).unwrap();
+    fs::write(m.p("t/other/c/e/made-here"), b"").unwrap();
+    assert_eq!(names(&m.p("t/b/c/e")), [OsString::from("from-other")]);
+    assert_eq!(names(&m.p("t/old/d/e")), [OsString::from("from-b")]);
+    assert_eq!(names(&m.p("t/other/c/e")), [OsString::from("made-here")]);
+    assert_eq!(
+        tree_paths(&m.p("t")),
+        tree_paths(&m.e("t")),
+        "the walk on the mount after the changes"
+    );
+}
+
 /// rewinddir(3) shows the directory as it is now, even within the listing cache lifetime
 /// (default TTLs here): the kernel reads the same handle from offset 0 again.
 #[test]
