@@ -2216,6 +2216,21 @@ impl<R: Remote> Fs<R> {
     /// `prefetch`). Files with an open descriptor are left alone: a write of ours to them
     /// may still be on its way.
     fn fetch_ahead(self: &Arc<Self>, dir: Ino, ttl: Duration) {
+        self.fetch_ahead_up_to(dir, ttl, prefetch::AHEAD_PER_DIR);
+    }
+
+    /// While a tool reads through a tree (see `prefetch`), the first small files of a
+    /// subdirectory it has been handed, before it goes in: on a walk down, the files of the
+    /// next directory are on their way while it reads this one's (the rest are fetched when
+    /// it opens the directory).
+    fn first_files_ahead(self: &Arc<Self>, dir: Ino) {
+        let ttl = self.cache_config().attr_ttl;
+        if !ttl.is_zero() && self.small_files.listing() {
+            self.fetch_ahead_up_to(dir, ttl, prefetch::FIRST_FILES_AHEAD);
+        }
+    }
+
+    fn fetch_ahead_up_to(self: &Arc<Self>, dir: Ino, ttl: Duration, max: usize) {
         let Ok(dir_path) = self.path_of(dir) else {
             return;
         };
@@ -2231,7 +2246,7 @@ impl<R: Remote> Fs<R> {
             self.files.lock().unwrap().values().map(|f| f.ino).collect();
         let planned = {
             let inodes = self.inodes.lock().unwrap();
-            self.small_files.plan(dir, &listing, ttl, |name| {
+            self.small_files.plan_up_to(dir, &listing, ttl, max, |name| {
                 inodes.child(dir, name).is_some_and(|i| open.contains(&i))
             })
         };
@@ -2834,8 +2849,11 @@ impl<R: Remote> Fs<R> {
     fn prefetch_dir(self: &Arc<Self>, ino: Ino) {
         if self.cache_config().dir_ttl.is_zero()
             || self.listings_in_flight.lock().unwrap().contains_key(&ino)
-            || self.cache.lock().unwrap().get_dir(ino).is_some()
         {
+            return;
+        }
+        if self.cache.lock().unwrap().get_dir(ino).is_some() {
+            self.first_files_ahead(ino);
             return;
         }
         let Ok(permit) = self.dir_prefetches.clone().try_acquire_owned() else {
@@ -2855,6 +2873,7 @@ impl<R: Remote> Fs<R> {
                 return;
             };
             fs.list_dir_shared(ino).await;
+            fs.first_files_ahead(ino);
         });
     }
 

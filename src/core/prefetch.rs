@@ -57,6 +57,9 @@ pub const AHEAD_BYTES: u64 = 8 * 1024 * 1024;
 pub const AHEAD_PER_DIR: usize = 32;
 /// Files being fetched at once, mount-wide (each holds one server handle meanwhile).
 pub const MAX_FILE_FETCHES: usize = 32;
+/// Files fetched ahead in a directory a tool reading through a tree has not entered yet
+/// (`Fs::first_files_ahead`): its first opens there, the rest when it opens the directory.
+pub const FIRST_FILES_AHEAD: usize = 4;
 /// Directories whose read pattern is remembered.
 const MAX_DIRS: usize = 256;
 /// Opens for reading this close together mean a tool is reading through files.
@@ -211,6 +214,12 @@ impl SmallFileAhead {
 
     /// `dir` is being opened for listing: whether its small files should be fetched now
     /// (only while a tool is reading through files: the walk is about to read this one).
+    /// Tests make the window long, so that they do not depend on how fast they run.
+    #[cfg(test)]
+    pub fn set_reading_window(&self, window: Duration) {
+        self.state.lock().unwrap().reading_window = window;
+    }
+
     pub fn listing(&self) -> bool {
         self.state.lock().unwrap().reading_through()
     }
@@ -225,6 +234,18 @@ impl SmallFileAhead {
         dir: Ino,
         listing: &[DirEntry],
         ttl: Duration,
+        skip: impl Fn(&OsStr) -> bool,
+    ) -> Vec<Planned> {
+        self.plan_up_to(dir, listing, ttl, AHEAD_PER_DIR, skip)
+    }
+
+    /// [`plan`](Self::plan), at most `max` files this time.
+    pub fn plan_up_to(
+        &self,
+        dir: Ino,
+        listing: &[DirEntry],
+        ttl: Duration,
+        max: usize,
         skip: impl Fn(&OsStr) -> bool,
     ) -> Vec<Planned> {
         let mut s = self.state.lock().unwrap();
@@ -255,7 +276,7 @@ impl SmallFileAhead {
             _ => listing,
         };
         for e in candidates {
-            if ahead >= AHEAD_PER_DIR {
+            if ahead >= AHEAD_PER_DIR || out.len() >= max {
                 break;
             }
             let Some(size) = e.attrs.size else { continue };

@@ -184,3 +184,46 @@ async fn a_walk_ahead_is_bounded() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(walked_ahead(&h), by_path);
 }
+
+/// While a tool reads through a tree (`grep -r`, `cp -r`), a subdirectory handed to it gets its
+/// first small files fetched before the tool goes in: the first opens there need no round
+/// trip. Before the tool reads files one after another, handing a directory fetches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_reading_through_a_tree_finds_the_next_directorys_first_files_fetched() {
+    let h = Harness::new();
+    h.fs.small_files.set_reading_window(Duration::from_secs(3600));
+    std::fs::create_dir_all(h.disk("top/sub")).unwrap();
+    std::fs::create_dir_all(h.disk("quiet/sub")).unwrap();
+    for i in 0..3 {
+        std::fs::write(h.disk(format!("a{i}")), pattern(10 + i)).unwrap();
+    }
+    for i in 0..6 {
+        std::fs::write(h.disk(format!("top/sub/g{i}")), pattern(20 + i)).unwrap();
+        std::fs::write(h.disk(format!("quiet/sub/g{i}")), pattern(20 + i)).unwrap();
+    }
+    let quiet = h.lookup(ROOT, "quiet").await;
+    list_plus(&h, quiet).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(h.plan.calls(ROp::Open), 0, "fetched with no tool reading");
+
+    // Three files read one after another: a tool is reading through the tree.
+    for i in 0..3 {
+        let a = h.lookup(ROOT, format!("a{i}")).await;
+        assert_eq!(cat(&h, a).await, pattern(10 + i));
+    }
+    let top = h.lookup(ROOT, "top").await;
+    list_plus(&h, top).await;
+    let first = super::super::prefetch::FIRST_FILES_AHEAD;
+    wait_for_opens(&h, 3 + first as u64).await;
+    let before = h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed);
+    let sub = h.lookup(top, "sub").await;
+    for i in 0..first {
+        let g = h.lookup(sub, format!("g{i}")).await;
+        assert_eq!(cat(&h, g).await, pattern(20 + i), "g{i}");
+    }
+    assert_eq!(
+        h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed) - before,
+        first as u64,
+        "an open of the first files went to the server"
+    );
+}
