@@ -49,6 +49,17 @@ impl Default for CacheConfig {
     }
 }
 
+/// A listing fetched ahead of a walk by path (see `walk_ahead`).
+#[derive(Debug, Clone)]
+pub struct ListedAhead {
+    pub listing: Arc<Vec<DirEntry>>,
+    /// The change clock and the name-change count from before it was asked for.
+    pub since: u64,
+    pub names_since: u64,
+    /// Asked for + `dir_ttl`: it answers no longer than a listing taken then would.
+    pub until: Instant,
+}
+
 /// A cached attribute set with the link count when known.
 #[derive(Debug, Clone, Copy)]
 pub struct CachedAttrs {
@@ -74,7 +85,7 @@ pub struct MetaCache {
     /// listing over when a lookup creates it (`adopt_dir_ahead`). The mount cannot tell which
     /// paths a name change through it affects (a renamed directory moves everything below
     /// it), so every name change drops them all: a walk ahead is for trees nobody changes.
-    dirs_ahead: LruCache<PathBuf, (Arc<Vec<DirEntry>>, u64, Instant)>,
+    dirs_ahead: LruCache<PathBuf, ListedAhead>,
     links: LruCache<Ino, (PathBuf, Instant)>,
 }
 
@@ -138,9 +149,7 @@ impl MetaCache {
         self.dirs
             .iter_mut()
             .for_each(|(_, (_, until))| *until = now);
-        self.dirs_ahead
-            .iter_mut()
-            .for_each(|(_, (_, _, until))| *until = now);
+        self.dirs_ahead.iter_mut().for_each(|(_, l)| l.until = now);
         self.links
             .iter_mut()
             .for_each(|(_, (_, until))| *until = now);
@@ -284,29 +293,25 @@ impl MetaCache {
             .put(dir, (listing, Instant::now() + self.config.dir_ttl));
     }
 
-    /// Keep a listing fetched ahead by `path` for a directory without an inode (yet), asked for
-    /// when the change clock read `since` and the name count read `names_since`. Dropped
-    /// unless no name changed through the mount since: it may predate that change.
-    pub fn put_dir_ahead(
-        &mut self,
-        path: PathBuf,
-        listing: Arc<Vec<DirEntry>>,
-        since: u64,
-        names_since: u64,
-        asked: Instant,
-    ) {
-        if self.config.dir_ttl.is_zero() || self.names_clock != names_since {
-            return;
+    /// Keep a listing fetched ahead by `path` for a directory without an inode (yet). Dropped
+    /// if a name changed through the mount since it was asked for: it may predate that change.
+    pub fn put_dir_ahead(&mut self, path: PathBuf, listed: ListedAhead) {
+        if !self.config.dir_ttl.is_zero() && self.still_good(&listed) {
+            self.dirs_ahead.put(path, listed);
         }
-        self.dirs_ahead
-            .put(path, (listing, since, asked + self.config.dir_ttl));
     }
 
-    /// A fresh listing fetched ahead by `path`, with the change clock from before it was asked
-    /// for, and how long it stays fresh. Left in place: the inode made for the path takes it.
-    pub fn peek_dir_ahead(&mut self, path: &Path) -> Option<(Arc<Vec<DirEntry>>, u64, Instant)> {
+    /// Whether a listing fetched ahead by path may still be used: no name changed through the
+    /// mount since it was asked for, and it has not expired.
+    pub fn still_good(&self, listed: &ListedAhead) -> bool {
+        listed.names_since == self.names_clock && listed.until > Instant::now()
+    }
+
+    /// A listing fetched ahead by `path` that may still be used. Left in place: the inode
+    /// made for the path takes it.
+    pub fn peek_dir_ahead(&mut self, path: &Path) -> Option<ListedAhead> {
         match self.dirs_ahead.get(path) {
-            Some(hit) if hit.2 > Instant::now() => Some(hit.clone()),
+            Some(l) if l.until > Instant::now() => Some(l.clone()),
             Some(_) => {
                 self.dirs_ahead.pop(path);
                 None
@@ -315,14 +320,11 @@ impl MetaCache {
         }
     }
 
-    /// Take the listing fetched ahead for `path`, if a fresh one is there (for its inode).
-    pub fn take_dir_ahead(&mut self, path: &Path) -> Option<(Arc<Vec<DirEntry>>, u64, Instant)> {
-        if self.dirs_ahead.is_empty() {
-            return None;
-        }
+    /// Take the listing fetched ahead by `path`, if one that may still be used is there.
+    pub fn take_dir_ahead(&mut self, path: &Path) -> Option<ListedAhead> {
         self.dirs_ahead
             .pop(path)
-            .filter(|hit| hit.2 > Instant::now())
+            .filter(|l| l.until > Instant::now())
     }
 
     pub fn has_dirs_ahead(&self) -> bool {

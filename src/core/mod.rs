@@ -331,6 +331,21 @@ fn data_lives_on(d: inode::Detached) -> bool {
 }
 
 /// Names a hostile server might send in a listing that must never reach the kernel.
+/// A server's listing without the names no listing may hold ("", ".", "..", names with a
+/// slash or NUL): logged and hidden.
+fn valid_listing(path: &Path, listing: Vec<DirEntry>) -> Vec<DirEntry> {
+    listing
+        .into_iter()
+        .filter(|e| {
+            let ok = is_valid_listing_name(&e.name);
+            if !ok {
+                tracing::warn!(dir = %path.display(), name = ?e.name, "server sent an invalid name in a listing; hidden");
+            }
+            ok
+        })
+        .collect()
+}
+
 fn is_valid_listing_name(name: &OsStr) -> bool {
     check_name(name).is_ok() && name != "." && name != ".."
 }
@@ -2246,9 +2261,10 @@ impl<R: Remote> Fs<R> {
             self.files.lock().unwrap().values().map(|f| f.ino).collect();
         let planned = {
             let inodes = self.inodes.lock().unwrap();
-            self.small_files.plan_up_to(dir, &listing, ttl, max, |name| {
-                inodes.child(dir, name).is_some_and(|i| open.contains(&i))
-            })
+            self.small_files
+                .plan_up_to(dir, &listing, ttl, max, |name| {
+                    inodes.child(dir, name).is_some_and(|i| open.contains(&i))
+                })
         };
         for p in planned {
             let fs = self.clone();
@@ -2734,7 +2750,7 @@ impl<R: Remote> Fs<R> {
         let since = self.cache.lock().unwrap().now();
         let until = std::time::Instant::now() + self.cache_config().dir_ttl;
         let listing = match self.remote.read_dir(path).await {
-            Ok(l) => walk_ahead::valid_listing(path, l),
+            Ok(l) => valid_listing(path, l),
             Err(e) => return Err(self.explain(Op::Readdir, e, path, None).await),
         };
         Ok((self.settle_listing(ino, listing, since, until), since))

@@ -10,12 +10,15 @@
 //! of the 62 directories of the bench's small tree, 2 round trips each). Walking ahead, the
 //! subtree is listed in about as many waves as it is deep, while the walk reads.
 //!
-//! When: a tool opens a directory a readdirplus handed to the kernel, that is it went down
-//! from the directory that listed it, the walk's root. One walk per root within `dir_ttl`
-//! (none below a root walked already), at most [`MAX_WALK_LISTINGS`] listings each, in flight
-//! within the mount-wide bound on listings ahead (`MAX_DIR_LISTINGS_AHEAD`, shared with
-//! `prefetch_dir`). Only directories are entered, never symlinks. Off when listings are not
-//! cached (`dir_ttl` 0).
+//! When: a tool goes down two levels in a row, within [`DESCENT_GAP`]: it opens a directory a
+//! readdirplus handed to the kernel, then one that directory's readdirplus handed out. That
+//! is a recursive walk (`ls /mnt` then `ls /mnt/proj` typed by hand is not); the tree below
+//! the directory the descent started from is listed. A directory listed by a walk is not the
+//! root of another one within `dir_ttl` unless a name changed through the mount since; at most
+//! [`MAX_WALK_LISTINGS`] listings per walk, in flight within the mount-wide bound on listings
+//! ahead (`MAX_DIR_LISTINGS_AHEAD`, shared with `prefetch_dir`). Only directories are entered,
+//! never symlinks (AWCP resource links at the root are walked from the resource down). Off
+//! when listings are not cached (`dir_ttl` 0).
 //!
 //! Consistency, the same as for a listing taken when the directory is opened:
 //! * A directory the kernel has an inode for is listed as `prefetch_dir` lists it, into the
@@ -25,19 +28,22 @@
 //!   lookup joins while it is on its way; with the lifetime it had from when it was asked
 //!   for, and `Fs::settle_listing`'s checks. The mount cannot tell which paths a name change
 //!   through it affects (a renamed directory moves everything below it), so every name change
-//!   drops all listings by path, and one on its way when a name changes is not kept. A walk
-//!   stops at the first name change, and lists nothing by path while an unlink answered early
-//!   is still on its way (the server may list the name still).
+//!   drops all listings by path, and one on its way when a name changes is neither kept nor
+//!   handed to a lookup that joined it. A walk stops at the first name change, and lists
+//!   nothing by path while an unlink answered early is still on its way (the server may list
+//!   the name still).
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use lru::LruCache;
+use tokio::sync::OnceCell;
 
-use super::inode::{Ino, ROOT_INO};
+use super::cache::ListedAhead;
+use super::inode::Ino;
 use super::Fs;
 use crate::remote::{DirEntry, FileKind, Remote};
 
@@ -45,19 +51,24 @@ use crate::remote::{DirEntry, FileKind, Remote};
 /// tree goes on as before past it (each subdirectory listed as the kernel is handed it).
 pub(super) const MAX_WALK_LISTINGS: usize = 512;
 
-/// A listing by path: the entries, the change clock from before it was asked for, and until
-/// when it answers (asked + `dir_ttl`).
-pub(super) type ListedAhead = (Arc<Vec<DirEntry>>, u64, Instant);
+/// Two steps down within this long are a tool walking the tree, not a person browsing it.
+pub(super) const DESCENT_GAP: Duration = Duration::from_secs(1);
 
-#[allow(clippy::type_complexity)]
+type InFlight = Arc<OnceCell<Option<ListedAhead>>>;
+
 pub(super) struct WalkAhead {
-    /// Directories a readdirplus handed to the kernel, and the directory that listed them:
-    /// opening one of them is the sign of a walk going down.
+    /// Directories a readdirplus handed to the kernel, and the directory that listed them.
     handed: Mutex<LruCache<Ino, Ino>>,
-    /// Roots walked lately, and when.
-    walked: Mutex<LruCache<Ino, Instant>>,
+    /// Directories gone down into (opened after a readdirplus handed them out): where that
+    /// descent started, and when.
+    descents: Mutex<LruCache<Ino, (Ino, Instant)>>,
+    /// Directories listed by a walk (or a walk's root), when, and the name-change count then:
+    /// no second walk starts from them meanwhile.
+    walked: Mutex<LruCache<PathBuf, (Instant, u64)>>,
     /// Listings by path on their way, which a lookup of the same directory joins.
-    in_flight: Mutex<HashMap<PathBuf, Arc<tokio::sync::OnceCell<Option<ListedAhead>>>>>,
+    in_flight: Mutex<HashMap<PathBuf, InFlight>>,
+    /// [`DESCENT_GAP`] (longer in tests, which must not depend on how fast they run).
+    descent_gap: Mutex<Duration>,
 }
 
 impl WalkAhead {
@@ -65,14 +76,57 @@ impl WalkAhead {
         let cap = |n| std::num::NonZeroUsize::new(n).expect("non-zero");
         WalkAhead {
             handed: Mutex::new(LruCache::new(cap(4096))),
-            walked: Mutex::new(LruCache::new(cap(64))),
+            descents: Mutex::new(LruCache::new(cap(1024))),
+            walked: Mutex::new(LruCache::new(cap(4 * MAX_WALK_LISTINGS))),
             in_flight: Mutex::new(HashMap::new()),
+            descent_gap: Mutex::new(DESCENT_GAP),
         }
+    }
+
+    #[cfg(test)]
+    pub(super) fn set_descent_gap(&self, gap: Duration) {
+        *self.descent_gap.lock().unwrap() = gap;
+    }
+
+    /// How many listings by path are on their way (tests: none is left behind).
+    #[cfg(test)]
+    pub(super) fn in_flight_count(&self) -> usize {
+        self.in_flight.lock().unwrap().len()
+    }
+
+    /// How many hold the in-flight listing of `path` (tests: has a lookup joined it?).
+    #[cfg(test)]
+    pub(super) fn holders(&self, path: &Path) -> usize {
+        self.in_flight
+            .lock()
+            .unwrap()
+            .get(path)
+            .map_or(0, Arc::strong_count)
     }
 
     /// Whether the listing of `path` is on its way (a lookup in it should wait for it).
     pub(super) fn listing_coming(&self, path: &Path) -> bool {
         self.in_flight.lock().unwrap().contains_key(path)
+    }
+}
+
+/// Takes a listing's entry out of the in-flight map when its fetch ends, however it ends (a
+/// task aborted at an await included), unless a newer fetch of the path took the entry over.
+struct InFlightEntry<'a> {
+    map: &'a Mutex<HashMap<PathBuf, InFlight>>,
+    path: &'a Path,
+    cell: InFlight,
+}
+
+impl Drop for InFlightEntry<'_> {
+    fn drop(&mut self) {
+        let mut map = self.map.lock().unwrap();
+        if map
+            .get(self.path)
+            .is_some_and(|c| Arc::ptr_eq(c, &self.cell))
+        {
+            map.remove(self.path);
+        }
     }
 }
 
@@ -90,57 +144,92 @@ impl<R: Remote> Fs<R> {
         self.walk.handed.lock().unwrap().put(dir, parent);
     }
 
-    /// `dir` is being opened. If a readdirplus handed it to the kernel, a tool is going down
-    /// the tree: list the rest of the tree below its parent ahead.
+    /// `dir` is being opened. If a readdirplus handed it out, a tool is going down the tree;
+    /// on its second step in a row, list the tree below where the descent started.
     pub(super) fn entering_dir(self: &Arc<Self>, dir: Ino) {
-        let Some(root) = self.walk.handed.lock().unwrap().pop(&dir) else {
+        let Some(parent) = self.walk.handed.lock().unwrap().pop(&dir) else {
             return;
         };
-        if self.cache_config().dir_ttl.is_zero() || !self.claim_walk(root) {
+        let now = Instant::now();
+        let gap = *self.walk.descent_gap.lock().unwrap();
+        let second_step = self
+            .walk
+            .descents
+            .lock()
+            .unwrap()
+            .peek(&parent)
+            .filter(|(_, at)| now.duration_since(*at) < gap)
+            .map(|(start, _)| *start);
+        // A descent starts from the directory `dir` was listed in, unless it is listed there as
+        // a symlink the mount follows (an AWCP resource link): a walk of that directory would
+        // not go into it, so the descent starts from `dir` itself.
+        let start = second_step.unwrap_or_else(|| {
+            if self.listed_as_dir(parent, dir) {
+                parent
+            } else {
+                dir
+            }
+        });
+        self.walk.descents.lock().unwrap().put(dir, (start, now));
+        let Some(root) = second_step else {
+            return;
+        };
+        if self.cache_config().dir_ttl.is_zero() {
+            return;
+        }
+        let Ok(root_path) = self.path_of(root) else {
+            return;
+        };
+        if !self.claim_walk(&root_path) {
             return;
         }
         let fs = self.clone();
-        self.rt.spawn(async move { fs.walk_ahead(root).await });
+        self.rt
+            .spawn(async move { fs.walk_ahead(root, root_path).await });
     }
 
-    /// Claim `root` for a walk: false when it or a directory above it was walked within
-    /// `dir_ttl` (its walk covered this one).
-    fn claim_walk(&self, root: Ino) -> bool {
+    /// Whether the cached listing of `parent` shows `dir` as a directory (not a symlink).
+    fn listed_as_dir(&self, parent: Ino, dir: Ino) -> bool {
+        let name = self
+            .inodes
+            .lock()
+            .unwrap()
+            .names_of(dir)
+            .into_iter()
+            .find(|(p, _)| *p == parent)
+            .map(|(_, n)| n);
+        name.is_some_and(|n| {
+            matches!(
+                self.cache.lock().unwrap().lookup_in_dir(parent, &n),
+                Some(Some(e)) if e.attrs.file_type() == FileKind::Dir
+            )
+        })
+    }
+
+    /// Whether a walk may start from `path`: not if a walk listed it (or started from it)
+    /// within `dir_ttl` with no name changed through the mount since (that walk covered it).
+    fn claim_walk(&self, path: &Path) -> bool {
+        let names_now = self.cache.lock().unwrap().names_now();
         let ttl = self.cache_config().dir_ttl;
-        let mut line = vec![root];
-        {
-            let inodes = self.inodes.lock().unwrap();
-            let mut ino = root;
-            while ino != ROOT_INO && line.len() < 4096 {
-                match inodes.names_of(ino).first() {
-                    Some((parent, _)) => {
-                        ino = *parent;
-                        line.push(ino);
-                    }
-                    None => break,
-                }
-            }
-        }
-        let now = Instant::now();
         let mut walked = self.walk.walked.lock().unwrap();
-        if line
-            .iter()
-            .any(|d| walked.peek(d).is_some_and(|t| now.duration_since(*t) < ttl))
+        if walked
+            .peek(path)
+            .is_some_and(|(at, names)| at.elapsed() < ttl && *names == names_now)
         {
             return false;
         }
-        walked.put(root, now);
+        walked.put(path.to_path_buf(), (Instant::now(), names_now));
         true
     }
 
     /// List the tree below `root` (whose listing is cached), level by level, as many at once
     /// as the mount-wide bound allows.
-    async fn walk_ahead(self: Arc<Self>, root: Ino) {
+    async fn walk_ahead(self: Arc<Self>, root: Ino, root_path: PathBuf) {
         let (names_since, listing) = {
             let mut cache = self.cache.lock().unwrap();
             (cache.names_now(), cache.get_dir(root))
         };
-        let (Some(listing), Ok(root_path)) = (listing, self.path_of(root)) else {
+        let Some(listing) = listing else {
             return;
         };
         let mut queue = VecDeque::new();
@@ -150,6 +239,8 @@ impl<R: Remote> Fs<R> {
         loop {
             if self.cache.lock().unwrap().names_now() != names_since {
                 tracing::debug!(root, "walk ahead stopped: a name changed through the mount");
+                // What is on its way ends on its own (a joined lookup may be waiting for it).
+                running.detach_all();
                 break;
             }
             if budget > 0 && !queue.is_empty() {
@@ -179,6 +270,11 @@ impl<R: Remote> Fs<R> {
             match running.join_next().await {
                 None => break,
                 Some(Ok((dir, Some((ino, listing))))) => {
+                    self.walk
+                        .walked
+                        .lock()
+                        .unwrap()
+                        .put(dir.path.clone(), (Instant::now(), names_since));
                     push_subdirs(&mut queue, &dir.path, ino, &listing)
                 }
                 Some(_) => {}
@@ -201,10 +297,12 @@ impl<R: Remote> Fs<R> {
             }
             return self.list_dir_shared(ino).await.map(|(l, _)| (Some(ino), l));
         }
-        if let Some((l, ..)) = self.cache.lock().unwrap().peek_dir_ahead(&dir.path) {
-            return Some((None, l));
+        if let Some(l) = self.cache.lock().unwrap().peek_dir_ahead(&dir.path) {
+            return Some((None, l.listing));
         }
-        self.list_by_path(&dir.path).await.map(|(l, ..)| (None, l))
+        self.list_by_path(&dir.path)
+            .await
+            .map(|l| (None, l.listing))
     }
 
     /// List `path` by its path, once however many ask at the same time.
@@ -217,9 +315,12 @@ impl<R: Remote> Fs<R> {
             .entry(path.to_path_buf())
             .or_default()
             .clone();
-        let listed = cell.get_or_init(|| self.fetch_by_path(path)).await.clone();
-        self.walk.in_flight.lock().unwrap().remove(path);
-        listed
+        let _entry = InFlightEntry {
+            map: &self.walk.in_flight,
+            path,
+            cell: cell.clone(),
+        };
+        cell.get_or_init(|| self.fetch_by_path(path)).await.clone()
     }
 
     /// Fetch the listing of `path` and keep it for the inode a lookup will make for it (see
@@ -232,26 +333,28 @@ impl<R: Remote> Fs<R> {
             let cache = self.cache.lock().unwrap();
             (cache.now(), cache.names_now())
         };
-        let asked = Instant::now();
+        let until = Instant::now() + self.cache_config().dir_ttl;
         let listing = match self.remote.read_dir(path).await {
-            Ok(l) => Arc::new(valid_listing(path, l)),
+            Ok(l) => Arc::new(super::valid_listing(path, l)),
             Err(e) => {
                 tracing::debug!(path = %path.display(), "walk ahead: listing failed: {e}");
                 return None;
             }
         };
-        let until = asked + self.cache_config().dir_ttl;
-        self.cache.lock().unwrap().put_dir_ahead(
-            path.to_path_buf(),
-            listing.clone(),
+        let listed = ListedAhead {
+            listing,
             since,
             names_since,
-            asked,
-        );
+            until,
+        };
+        self.cache
+            .lock()
+            .unwrap()
+            .put_dir_ahead(path.to_path_buf(), listed.clone());
         self.stats
             .dirs_listed_ahead
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Some((listing, since, until))
+        Some(listed)
     }
 
     /// The listing of `dir` (at `path`) from a walk: one on its way by path (joined), or one
@@ -262,17 +365,22 @@ impl<R: Remote> Fs<R> {
         path: &Path,
     ) -> Option<(Arc<Vec<DirEntry>>, u64)> {
         let coming = self.walk.in_flight.lock().unwrap().get(path).cloned();
-        let (listing, since, until) = match coming {
-            Some(cell) => cell
-                .get_or_init(|| self.fetch_by_path(path))
-                .await
-                .clone()?,
+        let listed = match coming {
+            Some(cell) => {
+                let listed = cell
+                    .get_or_init(|| self.fetch_by_path(path))
+                    .await
+                    .clone()?;
+                // Not if a name changed through the mount while it was on its way.
+                self.cache
+                    .lock()
+                    .unwrap()
+                    .still_good(&listed)
+                    .then_some(listed)?
+            }
             None => self.cache.lock().unwrap().take_dir_ahead(path)?,
         };
-        Some((
-            self.settle_listing(dir, (*listing).clone(), since, until),
-            since,
-        ))
+        Some(self.settle_ahead(dir, listed))
     }
 
     /// A lookup made the inode `dir` of a directory: it takes over the listing a walk fetched
@@ -290,9 +398,18 @@ impl<R: Remote> Fs<R> {
             // (A listing of its own, taken since, is newer.)
             taken.filter(|_| cache.get_dir(dir).is_none())
         };
-        if let Some((listing, since, until)) = taken {
-            self.settle_listing(dir, (*listing).clone(), since, until);
+        if let Some(listed) = taken {
+            self.settle_ahead(dir, listed);
         }
+    }
+
+    /// A listing by path taken over by the inode `dir`, as a listing taken for it would be.
+    fn settle_ahead(&self, dir: Ino, listed: ListedAhead) -> (Arc<Vec<DirEntry>>, u64) {
+        let listing = Arc::unwrap_or_clone(listed.listing);
+        (
+            self.settle_listing(dir, listing, listed.since, listed.until),
+            listed.since,
+        )
     }
 }
 
@@ -313,19 +430,4 @@ fn push_subdirs(
                 name: e.name.clone(),
             }),
     );
-}
-
-/// A server's listing without the names no listing may hold ("", ".", "..", names with a
-/// slash or NUL): logged and hidden.
-pub(super) fn valid_listing(path: &Path, listing: Vec<DirEntry>) -> Vec<DirEntry> {
-    listing
-        .into_iter()
-        .filter(|e| {
-            let ok = super::is_valid_listing_name(&e.name);
-            if !ok {
-                tracing::warn!(dir = %path.display(), name = ?e.name, "server sent an invalid name in a listing; hidden");
-            }
-            ok
-        })
-        .collect()
 }

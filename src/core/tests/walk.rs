@@ -39,6 +39,28 @@ fn walked_ahead(h: &Harness) -> u64 {
     h.fs.stats.dirs_listed_ahead.load(Ordering::Relaxed)
 }
 
+/// A harness whose walks do not depend on how fast the test runs (two steps down are one
+/// descent however long apart).
+fn walk_harness(ttls: CacheConfig) -> Harness {
+    let h = Harness::with(config(ttls), None);
+    h.fs.walk.set_descent_gap(Duration::from_secs(3600));
+    h
+}
+
+/// The subdirectory `name` of a `list_plus` result.
+fn sub(subdirs: &[(OsString, Ino)], name: &str) -> Ino {
+    subdirs.iter().find(|(n, _)| n == name).unwrap().1
+}
+
+/// Go down two levels from `top` as `ls -R` does: list `top`, list its subdirectory `first`,
+/// open that one's subdirectory `second` (the second step down starts the walk).
+async fn descend(h: &Harness, top: Ino, first: &str, second: &str) {
+    let (subdirs, _) = list_plus(h, top).await;
+    let (subdirs, _) = list_plus(h, sub(&subdirs, first)).await;
+    let dh = h.fs.opendir(sub(&subdirs, second)).await.unwrap();
+    h.fs.releasedir(dh);
+}
+
 /// `top/{a,b}/{c,d}/e/file`: 2 + 4 + 4 directories below `top`.
 fn make_tree(h: &Harness) {
     for x in ["a", "b"] {
@@ -49,9 +71,9 @@ fn make_tree(h: &Harness) {
     }
 }
 
-/// Going down from a directory into one of the subdirectories its readdirplus handed out
-/// lists the whole tree below it in the background, by path: the rest of the walk needs no
-/// round trip, and shows what is on the server. With listings not cached, nothing is.
+/// A tool going down two levels lists the whole tree below where it started in the
+/// background, by path: the rest of the walk needs no round trip, and shows what is on the
+/// server. With listings not cached, nothing is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_walk_down_finds_the_tree_below_listed_ahead() {
     for cached in [true, false] {
@@ -63,21 +85,18 @@ async fn a_walk_down_finds_the_tree_below_listed_ahead() {
                 ..long_ttls()
             }
         };
-        let h = Harness::with(config(ttls), None);
+        let h = walk_harness(ttls);
         make_tree(&h);
         let top = h.lookup(ROOT, "top").await;
-        let (subdirs, _) = list_plus(&h, top).await;
-        assert_eq!(subdirs.len(), 2);
-        // The tool goes down into a: the walk starts from top.
-        let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
-        h.fs.releasedir(dh);
+        descend(&h, top, "a", "c").await;
         if !cached {
             tokio::time::sleep(Duration::from_millis(200)).await;
             assert_eq!(walked_ahead(&h), 0, "walked ahead without a listing cache");
             continue;
         }
-        // a and b have inodes (listed as readdirplus handed them); the 8 below them do not.
-        eventually("the tree below listed ahead", || walked_ahead(&h) == 8).await;
+        // a, b, a/c and a/d have inodes (listed as readdirplus handed them); the 6 others
+        // below top do not.
+        eventually("the tree below listed ahead", || walked_ahead(&h) == 6).await;
         h.plan.reset_counts();
         let seen = walk_down(&h, top).await;
         assert_eq!(
@@ -96,35 +115,44 @@ async fn a_walk_down_finds_the_tree_below_listed_ahead() {
         }
         want.sort();
         assert_eq!(seen, want);
-        // One walk per tree: going down again starts none.
-        let (subdirs, _) = list_plus(&h, subdirs[1].1).await;
-        let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
-        h.fs.releasedir(dh);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(walked_ahead(&h), 8);
     }
 }
 
-/// A listing fetched ahead by path must not outlive a name change through the mount: after
-/// `top/b` is renamed away and `top/other` renamed to `top/b`, `top/b/c` is the other tree's
-/// `c`, not the one listed ahead under that path.
+/// One step down (`ls top`, then `ls top/a`, as a person browses) lists nothing ahead
+/// beyond the subdirectories handed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rename_through_the_mount_drops_the_listings_walked_ahead() {
-    let h = Harness::new();
-    std::fs::create_dir_all(h.disk("top/b/c")).unwrap();
-    std::fs::write(h.disk("top/b/c/was-b"), b"").unwrap();
-    std::fs::create_dir_all(h.disk("top/other/c")).unwrap();
-    std::fs::write(h.disk("top/other/c/was-other"), b"").unwrap();
+async fn one_step_down_lists_nothing_ahead() {
+    let h = walk_harness(long_ttls());
+    make_tree(&h);
     let top = h.lookup(ROOT, "top").await;
     let (subdirs, _) = list_plus(&h, top).await;
-    let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
-    h.fs.releasedir(dh);
+    list_plus(&h, sub(&subdirs, "a")).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(walked_ahead(&h), 0);
+}
+
+/// `t/x/y` to go down through, and two trees `t/b/c` and `t/other/c` to swap by renames.
+fn make_swap_tree(h: &Harness) {
+    std::fs::create_dir_all(h.disk("t/x/y")).unwrap();
+    std::fs::create_dir_all(h.disk("t/b/c")).unwrap();
+    std::fs::write(h.disk("t/b/c/was-b"), b"").unwrap();
+    std::fs::create_dir_all(h.disk("t/other/c")).unwrap();
+    std::fs::write(h.disk("t/other/c/was-other"), b"").unwrap();
+}
+
+/// A listing fetched ahead by path must not outlive a name change through the mount: after
+/// `t/b` is renamed away and `t/other` renamed to `t/b`, `t/b/c` is the other tree's `c`,
+/// not the one listed ahead under that path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_through_the_mount_drops_the_listings_walked_ahead() {
+    let h = walk_harness(long_ttls());
+    make_swap_tree(&h);
+    let t = h.lookup(ROOT, "t").await;
+    descend(&h, t, "x", "y").await;
     eventually("both c listed ahead", || walked_ahead(&h) == 2).await;
-    h.fs.rename(top, os("b"), top, os("old"), 0).await.unwrap();
-    h.fs.rename(top, os("other"), top, os("b"), 0)
-        .await
-        .unwrap();
-    let b = h.lookup(top, "b").await;
+    h.fs.rename(t, os("b"), t, os("old"), 0).await.unwrap();
+    h.fs.rename(t, os("other"), t, os("b"), 0).await.unwrap();
+    let b = h.lookup(t, "b").await;
     let c = h.lookup(b, "c").await;
     assert_eq!(
         readdir_names(&h, c).await,
@@ -132,24 +160,74 @@ async fn a_rename_through_the_mount_drops_the_listings_walked_ahead() {
     );
 }
 
+/// The same renames while the walk's listing of `t/b/c` is still on its way: the lookup that
+/// joined it must not be given it (it shows `t/b/c` from before the renames).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_while_a_walk_lists_ahead_is_not_hidden_by_it() {
+    let h = walk_harness(long_ttls());
+    make_swap_tree(&h);
+    let t = h.lookup(ROOT, "t").await;
+    let (subdirs, _) = list_plus(&h, t).await;
+    let (subdirs, _) = list_plus(&h, sub(&subdirs, "x")).await;
+    // t, x, b, other and y listed.
+    eventually("listings handed out", || h.plan.calls(ROp::ReadDir) == 5).await;
+    h.plan.hold(ROp::ReadDir);
+    let dh = h.fs.opendir(sub(&subdirs, "y")).await.unwrap();
+    h.fs.releasedir(dh);
+    // The walk's listings of t/b/c and t/other/c are at the server's door.
+    h.plan.until_held(ROp::ReadDir, 2).await;
+    h.fs.rename(t, os("b"), t, os("old"), 0).await.unwrap();
+    h.fs.rename(t, os("other"), t, os("b"), 0).await.unwrap();
+    let b = h.lookup(t, "b").await;
+    let c = h.lookup(b, "c").await;
+    let fs = h.fs.clone();
+    let names = tokio::spawn(async move {
+        let dh = fs.opendir(c).await.unwrap();
+        let names: Vec<OsString> = fs
+            .readdir(dh, 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+        fs.releasedir(dh);
+        names
+    });
+    // The map, the walk's task and its clean-up hold the listing on its way; a fourth holder
+    // is the opendir (or the prefetch it shares) joining it.
+    let c_path = h.root.join("t/b/c");
+    eventually("the opendir joined the walk's listing", || {
+        h.fs.walk.holders(&c_path) >= 4
+    })
+    .await;
+    h.plan.release(ROp::ReadDir);
+    assert_eq!(names.await.unwrap(), [os("."), os(".."), os("was-other")]);
+    // The walk stopped at the renames; nothing it had on its way is left behind.
+    eventually("no listing left on its way", || {
+        h.fs.walk.in_flight_count() == 0
+    })
+    .await;
+}
+
 /// A lookup in a directory whose listing a walk is fetching by path waits for that listing
 /// instead of asking the server again (no second READDIR, no LSTAT of the name).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lookup_joins_a_listing_walked_ahead_on_its_way() {
-    let h = Harness::new();
+    let h = walk_harness(long_ttls());
     std::fs::create_dir_all(h.disk("top/a/c")).unwrap();
-    std::fs::create_dir_all(h.disk("top/b")).unwrap();
+    std::fs::create_dir_all(h.disk("top/x/y")).unwrap();
     for i in 0..5 {
         std::fs::write(h.disk(format!("top/a/c/f{i}")), b"x").unwrap();
     }
     let top = h.lookup(ROOT, "top").await;
     let (subdirs, _) = list_plus(&h, top).await;
-    // top, a and b listed (b by its prefetch).
-    eventually("a and b listed", || h.plan.calls(ROp::ReadDir) == 3).await;
+    let a = sub(&subdirs, "a");
+    let (xs, _) = list_plus(&h, sub(&subdirs, "x")).await;
+    // top, a, x and y listed.
+    eventually("listings handed out", || h.plan.calls(ROp::ReadDir) == 4).await;
     h.plan.reset_counts();
     h.plan.hold(ROp::ReadDir);
-    let a = subdirs.iter().find(|(n, _)| n == "a").unwrap().1;
-    let dh = h.fs.opendir(a).await.unwrap();
+    let dh = h.fs.opendir(sub(&xs, "y")).await.unwrap();
     h.fs.releasedir(dh);
     // The walk's listing of top/a/c is at the server's door.
     h.plan.until_held(ROp::ReadDir, 1).await;
@@ -158,7 +236,11 @@ async fn a_lookup_joins_a_listing_walked_ahead_on_its_way() {
         let c = fs.lookup(a, os("c")).await.unwrap().attr.ino;
         fs.lookup(c, os("f3")).await.unwrap().attr.size
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    let c_path = h.root.join("top/a/c");
+    eventually("the lookups joined the walk's listing", || {
+        h.fs.walk.holders(&c_path) >= 4
+    })
+    .await;
     h.plan.release(ROp::ReadDir);
     assert_eq!(lookups.await.unwrap(), 1);
     assert_eq!(h.plan.calls(ROp::ReadDir), 1, "listed twice");
@@ -168,18 +250,15 @@ async fn a_lookup_joins_a_listing_walked_ahead_on_its_way() {
 /// A walk lists at most `MAX_WALK_LISTINGS` directories ahead, however large the tree.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_walk_ahead_is_bounded() {
-    let h = Harness::new();
-    let n = super::super::walk_ahead::MAX_WALK_LISTINGS + 40;
-    std::fs::create_dir_all(h.disk("top/a")).unwrap();
-    for i in 0..n {
-        std::fs::create_dir_all(h.disk(format!("top/a/d{i}"))).unwrap();
+    let h = walk_harness(long_ttls());
+    let max = super::super::walk_ahead::MAX_WALK_LISTINGS;
+    for i in 0..max + 40 {
+        std::fs::create_dir_all(h.disk(format!("top/x/y/d{i}"))).unwrap();
     }
     let top = h.lookup(ROOT, "top").await;
-    let (subdirs, _) = list_plus(&h, top).await;
-    let dh = h.fs.opendir(subdirs[0].1).await.unwrap();
-    h.fs.releasedir(dh);
-    // (One listing of the budget is a's, for its inode: not one by path.)
-    let by_path = super::super::walk_ahead::MAX_WALK_LISTINGS as u64 - 1;
+    descend(&h, top, "x", "y").await;
+    // (Two listings of the budget are x's and y's, for their inodes: not by path.)
+    let by_path = max as u64 - 2;
     eventually("the walk's budget spent", || walked_ahead(&h) == by_path).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(walked_ahead(&h), by_path);
@@ -191,7 +270,8 @@ async fn a_walk_ahead_is_bounded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tool_reading_through_a_tree_finds_the_next_directorys_first_files_fetched() {
     let h = Harness::new();
-    h.fs.small_files.set_reading_window(Duration::from_secs(3600));
+    h.fs.small_files
+        .set_reading_window(Duration::from_secs(3600));
     std::fs::create_dir_all(h.disk("top/sub")).unwrap();
     std::fs::create_dir_all(h.disk("quiet/sub")).unwrap();
     for i in 0..3 {
