@@ -138,6 +138,8 @@ struct PlanState {
     queue_delays: HashMap<Op, Duration>,
     /// Calls of these ops wait (before anything else is decided) until released.
     held: HashSet<Op>,
+    /// Calls of these ops are performed, then their answer waits until released.
+    held_replies: HashSet<Op>,
     /// How many calls of each op wait at a hold.
     waiting: HashMap<Op, usize>,
 }
@@ -335,9 +337,20 @@ impl FaultPlan {
         self.lock().held.insert(op);
     }
 
-    /// Let the calls of `op` held by [`FaultPlan::hold`] go on (and later ones through).
+    /// Calls of `op` are performed by the wrapped remote, then their answer waits until
+    /// [`FaultPlan::release`]`(op)`: a server that did it, whose answer is still on its way.
+    /// They count for [`FaultPlan::until_held`] as held calls do.
+    pub fn hold_replies(&self, op: Op) {
+        self.lock().held_replies.insert(op);
+    }
+
+    /// Let the calls of `op` held by [`FaultPlan::hold`] or [`FaultPlan::hold_replies`] go on
+    /// (and later ones through).
     pub fn release(&self, op: Op) {
-        self.lock().held.remove(&op);
+        let mut s = self.lock();
+        s.held.remove(&op);
+        s.held_replies.remove(&op);
+        drop(s);
         self.released.notify_waiters();
     }
 
@@ -360,6 +373,14 @@ impl FaultPlan {
     }
 
     async fn pass_hold(&self, op: Op) {
+        self.pass_gate(op, false).await
+    }
+
+    async fn pass_reply_hold(&self, op: Op) {
+        self.pass_gate(op, true).await
+    }
+
+    async fn pass_gate(&self, op: Op, reply: bool) {
         loop {
             let released = self.released.notified();
             tokio::pin!(released);
@@ -367,7 +388,8 @@ impl FaultPlan {
             released.as_mut().enable();
             {
                 let mut s = self.lock();
-                if !s.held.contains(&op) {
+                let held = if reply { &s.held_replies } else { &s.held };
+                if !held.contains(&op) {
                     return;
                 }
                 *s.waiting.entry(op).or_default() += 1;
@@ -629,6 +651,7 @@ impl<R: Remote> FaultyRemote<R> {
     {
         let ticket = self.enter(op, None).await?;
         let result = call().await;
+        self.plan.pass_reply_hold(op).await;
         if let Some(delay) = self.plan.reply_delay_for(op) {
             tokio::time::sleep(delay).await;
         }

@@ -171,10 +171,11 @@ async fn a_rename_while_a_walk_lists_ahead_is_not_hidden_by_it() {
     let (subdirs, _) = list_plus(&h, sub(&subdirs, "x")).await;
     // t, x, b, other and y listed.
     eventually("listings handed out", || h.plan.calls(ROp::ReadDir) == 5).await;
-    h.plan.hold(ROp::ReadDir);
+    // Listed by the server before the renames, answered after them.
+    h.plan.hold_replies(ROp::ReadDir);
     let dh = h.fs.opendir(sub(&subdirs, "y")).await.unwrap();
     h.fs.releasedir(dh);
-    // The walk's listings of t/b/c and t/other/c are at the server's door.
+    // The server has listed t/b/c and t/other/c for the walk; the answers are on their way.
     h.plan.until_held(ROp::ReadDir, 2).await;
     h.fs.rename(t, os("b"), t, os("old"), 0).await.unwrap();
     h.fs.rename(t, os("other"), t, os("b"), 0).await.unwrap();
@@ -275,7 +276,9 @@ async fn a_tool_reading_through_a_tree_finds_the_next_directorys_first_files_fet
     std::fs::create_dir_all(h.disk("top/sub")).unwrap();
     std::fs::create_dir_all(h.disk("quiet/sub")).unwrap();
     for i in 0..3 {
-        std::fs::write(h.disk(format!("a{i}")), pattern(10 + i)).unwrap();
+        // One file per directory: reading them fetches nothing else ahead.
+        std::fs::create_dir_all(h.disk(format!("r{i}"))).unwrap();
+        std::fs::write(h.disk(format!("r{i}/a")), pattern(10 + i)).unwrap();
     }
     for i in 0..6 {
         std::fs::write(h.disk(format!("top/sub/g{i}")), pattern(20 + i)).unwrap();
@@ -283,23 +286,33 @@ async fn a_tool_reading_through_a_tree_finds_the_next_directorys_first_files_fet
     }
     let quiet = h.lookup(ROOT, "quiet").await;
     list_plus(&h, quiet).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // quiet and quiet/sub listed (sub by its prefetch), with no tool reading: no file.
+    eventually("quiet/sub listed", || h.plan.calls(ROp::ReadDir) == 2).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(h.plan.calls(ROp::Open), 0, "fetched with no tool reading");
 
     // Three files read one after another: a tool is reading through the tree.
     for i in 0..3 {
-        let a = h.lookup(ROOT, format!("a{i}")).await;
+        let r = h.lookup(ROOT, format!("r{i}")).await;
+        let a = h.lookup(r, "a").await;
         assert_eq!(cat(&h, a).await, pattern(10 + i));
     }
+    assert_eq!(h.plan.calls(ROp::Open), 3);
     let top = h.lookup(ROOT, "top").await;
     list_plus(&h, top).await;
     let first = super::super::prefetch::FIRST_FILES_AHEAD;
     wait_for_opens(&h, 3 + first as u64).await;
     let before = h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed);
     let sub = h.lookup(top, "sub").await;
-    for i in 0..first {
-        let g = h.lookup(sub, format!("g{i}")).await;
-        assert_eq!(cat(&h, g).await, pattern(20 + i), "g{i}");
+    // The first files in the order the directory is listed, as grep -r and cp -r read it.
+    let listed: Vec<String> = std::fs::read_dir(h.disk("top/sub"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    for name in &listed[..first] {
+        let g = h.lookup(sub, name).await;
+        let i: usize = name[1..].parse().unwrap();
+        assert_eq!(cat(&h, g).await, pattern(20 + i), "{name}");
     }
     assert_eq!(
         h.fs.stats.opens_fetched_ahead.load(Ordering::Relaxed) - before,
