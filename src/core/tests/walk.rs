@@ -131,6 +131,15 @@ async fn one_step_down_lists_nothing_ahead() {
     assert_eq!(walked_ahead(&h), 0);
 }
 
+/// Wait until `n` listings were asked for and none is on its way any more (a hold set after
+/// this catches only what comes next).
+async fn listings_done(h: &Harness, n: u64) {
+    eventually("listings done", || {
+        h.plan.calls(ROp::ReadDir) == n && h.fs.listings_in_flight.lock().unwrap().is_empty()
+    })
+    .await;
+}
+
 /// `t/x/y` to go down through, and two trees `t/b/c` and `t/other/c` to swap by renames.
 fn make_swap_tree(h: &Harness) {
     std::fs::create_dir_all(h.disk("t/x/y")).unwrap();
@@ -170,7 +179,7 @@ async fn a_rename_while_a_walk_lists_ahead_is_not_hidden_by_it() {
     let (subdirs, _) = list_plus(&h, t).await;
     let (subdirs, _) = list_plus(&h, sub(&subdirs, "x")).await;
     // t, x, b, other and y listed.
-    eventually("listings handed out", || h.plan.calls(ROp::ReadDir) == 5).await;
+    listings_done(&h, 5).await;
     // Listed by the server before the renames, answered after them.
     h.plan.hold_replies(ROp::ReadDir);
     let dh = h.fs.opendir(sub(&subdirs, "y")).await.unwrap();
@@ -225,7 +234,7 @@ async fn a_lookup_joins_a_listing_walked_ahead_on_its_way() {
     let a = sub(&subdirs, "a");
     let (xs, _) = list_plus(&h, sub(&subdirs, "x")).await;
     // top, a, x and y listed.
-    eventually("listings handed out", || h.plan.calls(ROp::ReadDir) == 4).await;
+    listings_done(&h, 4).await;
     h.plan.reset_counts();
     h.plan.hold(ROp::ReadDir);
     let dh = h.fs.opendir(sub(&xs, "y")).await.unwrap();
