@@ -32,6 +32,11 @@
 //!   handed to a lookup that joined it. A walk stops at the first name change, and lists
 //!   nothing by path while an unlink answered early is still on its way (the server may list
 //!   the name still).
+//! * Containment: a walk lists only names its listings showed as directories, below the
+//!   directory it started from, and the listings only answer what a lookup or `opendir` there
+//!   would have listed itself. Like every SFTP path, a path listed by name is resolved by the
+//!   server: a directory the server swaps for a symlink between two listings is followed
+//!   there, as it would be by the `opendir` it stands in for.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::OsString;
