@@ -77,6 +77,8 @@ pub struct MetaCache {
     /// Counts the name changes made through the mount (a subset of the clock's changes): a
     /// listing fetched ahead by path is kept only if none came while it was on its way.
     names_clock: u64,
+    /// When a name last changed through the mount.
+    names_changed_at: Option<Instant>,
     attrs: LruCache<Ino, (CachedAttrs, Instant)>,
     negative: LruCache<(Ino, OsString), Instant>,
     dirs: LruCache<Ino, (Arc<Vec<DirEntry>>, Instant)>,
@@ -102,6 +104,7 @@ impl MetaCache {
             clock: 0,
             changed: std::collections::HashMap::new(),
             names_clock: 0,
+            names_changed_at: None,
             attrs: LruCache::new(cap(config.max_entries)),
             negative: LruCache::new(cap(config.max_entries)),
             dirs: LruCache::new(cap(dir_cap)),
@@ -193,7 +196,13 @@ impl MetaCache {
         self.clock += 1;
         self.changed.insert(dir, self.clock);
         self.names_clock += 1;
+        self.names_changed_at = Some(Instant::now());
         self.dirs_ahead.clear();
+    }
+
+    /// Whether a name changed through the mount within the last `within`.
+    pub fn names_changed_within(&self, within: Duration) -> bool {
+        self.names_changed_at.is_some_and(|t| t.elapsed() < within)
     }
 
     /// The count of name changes made through the mount so far (see `put_dir_ahead`).

@@ -14,7 +14,9 @@
 //! readdirplus handed to the kernel, then one that directory's readdirplus handed out. That
 //! is a recursive walk (`ls /mnt` then `ls /mnt/proj` typed by hand is not); the tree below
 //! the directory the descent started from is listed. A directory listed by a walk is not the
-//! root of another one within `dir_ttl` unless a name changed through the mount since; at most
+//! root of another one within `dir_ttl` unless a name changed through the mount since, and no
+//! walk starts within [`DESCENT_GAP`] of a name change (a tree being changed, by `cp -r` into
+//! the mount or `rm -rf`, would drop what it lists by path at every change); at most
 //! [`MAX_WALK_LISTINGS`] listings per walk, in flight within the mount-wide bound on listings
 //! ahead (`MAX_DIR_LISTINGS_AHEAD`, shared with `prefetch_dir`). Only directories are entered,
 //! never symlinks (AWCP resource links at the root are walked from the resource down). Off
@@ -179,7 +181,11 @@ impl<R: Remote> Fs<R> {
         let Some(root) = second_step else {
             return;
         };
-        if self.cache_config().dir_ttl.is_zero() {
+        // A tree being changed through the mount (`cp -r` or `tar` into it, `rm -rf`) is not
+        // walked ahead: every name change would drop what the walk listed by path.
+        if self.cache_config().dir_ttl.is_zero()
+            || self.cache.lock().unwrap().names_changed_within(gap)
+        {
             return;
         }
         let Ok(root_path) = self.path_of(root) else {

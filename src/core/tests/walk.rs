@@ -140,6 +140,19 @@ async fn listings_done(h: &Harness, n: u64) {
     .await;
 }
 
+/// A tree being changed through the mount (`cp -r` into it, `rm -rf`) is not walked ahead:
+/// each change would drop what the walk listed by path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_walk_starts_while_names_change() {
+    let h = walk_harness(long_ttls());
+    make_tree(&h);
+    let top = h.lookup(ROOT, "top").await;
+    h.mkdir(top, "new").await;
+    descend(&h, top, "a", "c").await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(walked_ahead(&h), 0);
+}
+
 /// `t/x/y` to go down through, and two trees `t/b/c` and `t/other/c` to swap by renames.
 fn make_swap_tree(h: &Harness) {
     std::fs::create_dir_all(h.disk("t/x/y")).unwrap();
