@@ -84,7 +84,7 @@ pub struct MetaCache {
     dirs: LruCache<Ino, (Arc<Vec<DirEntry>>, Instant)>,
     /// Listings fetched ahead of a walk, by server path, of directories without an inode yet,
     /// with the change clock from before each was asked for. The directory's inode takes its
-    /// listing over when a lookup creates it (`adopt_dir_ahead`). The mount cannot tell which
+    /// listing over when a lookup creates it (`Fs::adopt_listing_ahead`). The mount cannot tell which
     /// paths a name change through it affects (a renamed directory moves everything below
     /// it), so every name change drops them all: a walk ahead is for trees nobody changes.
     dirs_ahead: LruCache<PathBuf, ListedAhead>,

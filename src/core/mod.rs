@@ -330,7 +330,6 @@ fn data_lives_on(d: inode::Detached) -> bool {
     d.names_left > 0 || d.nlink_before.is_some_and(|n| n > 1)
 }
 
-/// Names a hostile server might send in a listing that must never reach the kernel.
 /// A server's listing without the names no listing may hold ("", ".", "..", names with a
 /// slash or NUL): logged and hidden.
 fn valid_listing(path: &Path, listing: Vec<DirEntry>) -> Vec<DirEntry> {
@@ -346,6 +345,7 @@ fn valid_listing(path: &Path, listing: Vec<DirEntry>) -> Vec<DirEntry> {
         .collect()
 }
 
+/// Names a hostile server might send in a listing that must never reach the kernel.
 fn is_valid_listing_name(name: &OsStr) -> bool {
     check_name(name).is_ok() && name != "." && name != ".."
 }
@@ -2861,7 +2861,9 @@ impl<R: Remote> Fs<R> {
     /// (`find`, `ls -R`, `grep -r`, `git status`, `rm -rf`) opens it, the listing is already
     /// cached: a walk then costs about one round trip per level instead of two per directory.
     /// Called for each subdirectory a readdirplus hands to the kernel; bounded mount-wide, and
-    /// skipped when listings are not cached or one is cached or being fetched already.
+    /// skipped when listings are not cached or one is cached or being fetched already. Once
+    /// its listing is there, its first small files are fetched too while a tool reads
+    /// through the tree (`first_files_ahead`).
     fn prefetch_dir(self: &Arc<Self>, ino: Ino) {
         if self.cache_config().dir_ttl.is_zero()
             || self.listings_in_flight.lock().unwrap().contains_key(&ino)

@@ -46,6 +46,18 @@ fn long_ttls() -> CacheConfig {
     }
 }
 
+/// `long_ttls`, with directory listings cached or (false) not.
+fn long_ttls_listings(cached: bool) -> CacheConfig {
+    CacheConfig {
+        dir_ttl: if cached {
+            long_ttls().dir_ttl
+        } else {
+            Duration::ZERO
+        },
+        ..long_ttls()
+    }
+}
+
 fn config(cache: CacheConfig) -> FsConfig {
     FsConfig {
         cache,
@@ -2390,14 +2402,7 @@ async fn readdir_opendir_within_the_listing_lifetime_needs_no_round_trip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readdir_subdirectories_are_listed_ahead_of_a_walk() {
     for cached in [true, false] {
-        let ttls = if cached {
-            long_ttls()
-        } else {
-            CacheConfig {
-                dir_ttl: Duration::ZERO,
-                ..long_ttls()
-            }
-        };
+        let ttls = long_ttls_listings(cached);
         let h = Harness::with(config(ttls), None);
         // More than are listed at once: the rest wait their turn, none is skipped.
         let n = super::MAX_DIR_LISTINGS_AHEAD + 8;

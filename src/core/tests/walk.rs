@@ -77,14 +77,7 @@ fn make_tree(h: &Harness) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_walk_down_finds_the_tree_below_listed_ahead() {
     for cached in [true, false] {
-        let ttls = if cached {
-            long_ttls()
-        } else {
-            CacheConfig {
-                dir_ttl: Duration::ZERO,
-                ..long_ttls()
-            }
-        };
+        let ttls = long_ttls_listings(cached);
         let h = walk_harness(ttls);
         make_tree(&h);
         let top = h.lookup(ROOT, "top").await;
