@@ -2239,9 +2239,15 @@ impl<R: Remote> Fs<R> {
     /// next directory are on their way while it reads this one's (the rest are fetched when
     /// it opens the directory).
     fn first_files_ahead(self: &Arc<Self>, dir: Ino) {
+        self.files_ahead_while_reading(dir, prefetch::FIRST_FILES_AHEAD);
+    }
+
+    /// Up to `max` small files of `dir` fetched ahead, if a tool is reading through the tree
+    /// (see `prefetch`) and attributes are cached.
+    fn files_ahead_while_reading(self: &Arc<Self>, dir: Ino, max: usize) {
         let ttl = self.cache_config().attr_ttl;
         if !ttl.is_zero() && self.small_files.listing() {
-            self.fetch_ahead_up_to(dir, ttl, prefetch::FIRST_FILES_AHEAD);
+            self.fetch_ahead_up_to(dir, ttl, max);
         }
     }
 
@@ -2732,12 +2738,7 @@ impl<R: Remote> Fs<R> {
                 started: AtomicBool::new(false),
             }),
         );
-        if self.small_files.listing() {
-            let ttl = self.cache_config().attr_ttl;
-            if !ttl.is_zero() {
-                self.fetch_ahead(ino, ttl);
-            }
-        }
+        self.files_ahead_while_reading(ino, prefetch::AHEAD_PER_DIR);
         Ok(fh)
     }
 
