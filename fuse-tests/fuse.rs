@@ -2960,6 +2960,50 @@ fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
     assert_eq!((s.mode() & 0o7777, s.gid()), (0o2755, 4242), "server");
 }
 
+/// On a mount local users share (`allow_other`, here with the kernel's permission checks)
+/// and a root server account, what a user makes is theirs, as on a local disk, and they may
+/// then chmod it; a directory's link count follows its subdirectories.
+#[test]
+fn posix_shared_mount_gives_new_files_to_their_maker() {
+    use std::os::unix::process::CommandExt;
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root (a root server account, and a second local user)");
+        return;
+    }
+    let m = TestMount::start(&["allow_other", "default_permissions"]);
+    // The way to the mount, for another user (the mount point's own directory is 0700).
+    fs::set_permissions(m.mnt.parent().unwrap(), fs::Permissions::from_mode(0o711)).unwrap();
+    fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o755)).unwrap();
+    fs::create_dir(m.p("shared")).unwrap();
+    fs::set_permissions(m.p("shared"), fs::Permissions::from_mode(0o777)).unwrap();
+    let out = Command::new("sh")
+        .args(["-c", "mkdir d && mkdir d/sub && echo hi > f && ln -s f l && chmod 600 f"])
+        .current_dir(m.p("shared"))
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "as uid 65534: {}", String::from_utf8_lossy(&out.stderr));
+    for rel in ["shared/d", "shared/d/sub", "shared/f", "shared/l"] {
+        let s = fs::symlink_metadata(m.e(rel)).unwrap();
+        assert_eq!((s.uid(), s.gid()), (65534, 65534), "{rel} on the server");
+        let s = fs::symlink_metadata(m.p(rel)).unwrap();
+        assert_eq!((s.uid(), s.gid()), (65534, 65534), "{rel} through the mount");
+    }
+    assert_eq!(fs::metadata(m.e("shared/f")).unwrap().mode() & 0o777, 0o600);
+    assert_eq!(fs::read(m.e("shared/f")).unwrap(), b"hi\n");
+    // Root's own files stay root's.
+    fs::create_dir(m.p("shared/r")).unwrap();
+    assert_eq!(fs::metadata(m.e("shared/r")).unwrap().uid(), 0);
+
+    let nlink = |rel: &str| fs::metadata(m.p(rel)).unwrap().nlink();
+    assert_eq!((nlink("shared/d"), nlink("shared/d/sub")), (3, 2));
+    fs::rename(m.p("shared/d/sub"), m.p("shared/r/sub")).unwrap();
+    assert_eq!((nlink("shared/d"), nlink("shared/r")), (2, 3), "after a rename");
+    fs::remove_dir(m.p("shared/r/sub")).unwrap();
+    assert_eq!(nlink("shared/r"), 2, "after rmdir");
+}
+
 fn mknod(p: &Path, mode: libc::mode_t) -> io::Result<()> {
     let c = cpath(p);
     // SAFETY: valid NUL-terminated path.

@@ -21,7 +21,7 @@ use fuser::{
 };
 use tracing::Instrument;
 
-use crate::core::{Attr, Entry, Fs, OpenRequest, SetattrRequest, TimeSpec};
+use crate::core::{Attr, Caller, Entry, Fs, OpenRequest, SetattrRequest, TimeSpec};
 use crate::error::FsError;
 use crate::remote::{FileKind, Remote};
 
@@ -59,6 +59,14 @@ impl<R: Remote> FuseAdapter<R> {
         let span = tracing::debug_span!("fuse", op, req = req.unique().0);
         self.count_op();
         crate::handoff::run_here_then_on(self.fs.runtime(), fut.instrument(span));
+    }
+}
+
+/// Who sent `req` (the caller's fsuid and fsgid).
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
     }
 }
 
@@ -231,8 +239,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         // Regular files only (an exclusive create); SFTP cannot make special files.
         let fs = self.fs.clone();
         let name = name.to_owned();
+        let caller = caller(req);
         self.spawn("mknod", req, async move {
-            reply_entry(reply, fs.mknod(parent.0, &name, mode, umask).await)
+            reply_entry(reply, fs.mknod(parent.0, &name, mode, umask, caller).await)
         });
     }
 
@@ -247,8 +256,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     ) {
         let fs = self.fs.clone();
         let name = name.to_owned();
+        let caller = caller(req);
         self.spawn("mkdir", req, async move {
-            reply_entry(reply, fs.mkdir(parent.0, &name, mode, umask).await)
+            reply_entry(reply, fs.mkdir(parent.0, &name, mode, umask, caller).await)
         });
     }
 
@@ -279,8 +289,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         let fs = self.fs.clone();
         let name = link_name.to_owned();
         let target = target.to_owned();
+        let caller = caller(req);
         self.spawn("symlink", req, async move {
-            reply_entry(reply, fs.symlink(parent.0, &name, &target).await)
+            reply_entry(reply, fs.symlink(parent.0, &name, &target, caller).await)
         });
     }
 
@@ -322,13 +333,13 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let fs = self.fs.clone();
-        let pid = req.pid();
+        let open = OpenRequest {
+            flags: flags.0,
+            pid: req.pid(),
+            caller: caller(req),
+        };
         self.spawn("open", req, async move {
-            let req = OpenRequest {
-                flags: flags.0,
-                pid,
-            };
-            match fs.open(ino.0, req).await {
+            match fs.open(ino.0, open).await {
                 Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
             }
@@ -718,11 +729,13 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     ) {
         let fs = self.fs.clone();
         let name = name.to_owned();
-        let pid = req.pid();
+        let open = OpenRequest {
+            flags,
+            pid: req.pid(),
+            caller: caller(req),
+        };
         self.spawn("create", req, async move {
-            match fs
-                .create(parent.0, &name, mode, umask, OpenRequest { flags, pid })
-                .await
+            match fs.create(parent.0, &name, mode, umask, open).await
             {
                 Ok((e, fh)) => reply.created(
                     &e.entry_ttl,

@@ -397,6 +397,7 @@ fn run_inner(
         idmap,
         enforcer: enforcer.clone(),
         sync_unlink: req.options.sync_unlink,
+        owners_from_callers: req.options.allow_other,
     };
     let fs = Arc::new(Fs::new(
         remote.clone(),

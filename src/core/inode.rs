@@ -170,6 +170,15 @@ impl InodeTable {
         }
     }
 
+    /// A subdirectory of directory `ino` came (`+1`) or went (`-1`) through the mount: its
+    /// link count, if known, follows (each subdirectory's `..` is a link to it, as on a local
+    /// disk). Never below 2, its own `.` and its name.
+    pub fn subdirs_changed(&mut self, ino: Ino, delta: i32) {
+        if let Some(n) = self.nodes.get_mut(&ino).and_then(|n| n.nlink.as_mut()) {
+            *n = n.saturating_add_signed(delta).max(2);
+        }
+    }
+
     /// Whether `ino` has links the mount does not know by name (made on the server): its
     /// other names are other inodes here, whose caches the mount cannot keep coherent.
     pub fn has_unknown_links(&self, ino: Ino) -> bool {

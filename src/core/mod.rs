@@ -111,11 +111,23 @@ pub struct DirItem {
 }
 
 /// Open flags as the kernel gives them, decoded, and who asked.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct OpenRequest {
     pub flags: i32,
     /// The thread that opens (the kernel's request pid; 0 if not known).
     pub pid: u32,
+    /// Who opens: a file it creates becomes theirs (see `Fs::owner_for_new`).
+    pub caller: Caller,
+}
+
+impl Default for OpenRequest {
+    fn default() -> Self {
+        OpenRequest {
+            flags: 0,
+            pid: 0,
+            caller: Caller::ROOT,
+        }
+    }
 }
 
 impl OpenRequest {
@@ -150,6 +162,21 @@ pub struct FsConfig {
     pub enforcer: Arc<Enforcer>,
     /// `sync_unlink`: every unlink waits for the server's answer (see `remove_behind`).
     pub sync_unlink: bool,
+    /// `allow_other`: local users share the mount, and a new file, directory or symlink
+    /// belongs to the one who made it, as on a local disk, when the server's account can
+    /// give it away (it is root). See `owner_for_new`.
+    pub owners_from_callers: bool,
+}
+
+/// Who asks, as the kernel's request says: the caller's filesystem uid and gid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Caller {
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
 }
 
 /// Counters for `awcp-mount status`.
@@ -1465,9 +1492,44 @@ impl<R: Remote> Fs<R> {
         Ok(target)
     }
 
-    /// Look up what was just created, fixing its permission bits when the server's umask
-    /// changed them (a local disk applies only the caller's umask, which the kernel already
-    /// folded into `perm`).
+    /// Who a new file, directory or symlink that the server made for `caller` in `parent`
+    /// (with `attrs`) should belong to, if not to whom it belongs now. On a local disk it
+    /// belongs to its maker: the caller's uid, and its gid, or the directory's group in a
+    /// setgid directory (which the server's own mkdir/open already gave it). Over SFTP it
+    /// belongs to the server's account; only a root account can give it away, so this is
+    /// done only when the new file is root's (the account is root), on a mount several local
+    /// users share (`allow_other`), and without `idmap` (which maps that account to one
+    /// local user instead).
+    async fn owner_for_new(&self, parent: Ino, caller: Caller, attrs: &Attrs) -> Option<(u32, u32)> {
+        {
+            let config = self.config.lock().unwrap();
+            if !config.owners_from_callers || config.idmap.is_some() {
+                return None;
+            }
+        }
+        if attrs.uid != Some(0) {
+            return None;
+        }
+        let parent_mode = match self.cache.lock().unwrap().get_attrs(parent) {
+            Some(c) => c.attrs.mode,
+            None => None,
+        };
+        let parent_mode = match parent_mode {
+            Some(m) => m,
+            None => self.remote.stat(&self.path_of(parent).ok()?).await.ok()?.mode?,
+        };
+        let gid = if parent_mode & libc::S_ISGID != 0 {
+            attrs.gid?
+        } else {
+            caller.gid
+        };
+        let owner = (caller.uid, gid);
+        (Some(owner) != attrs.uid.zip(attrs.gid)).then_some(owner)
+    }
+
+    /// Look up what was just created, giving it to its maker (see `owner_for_new`) and
+    /// fixing its permission bits when the server's umask changed them (a local disk applies
+    /// only the caller's umask, which the kernel already folded into `perm`).
     async fn finish_create(
         &self,
         parent: Ino,
@@ -1475,6 +1537,7 @@ impl<R: Remote> Fs<R> {
         path: &Path,
         perm: Option<u32>,
         known: Option<(Attrs, u64)>,
+        caller: Option<Caller>,
     ) -> FsResult<Entry> {
         let (mut attrs, since) = match known {
             Some(k) => k,
@@ -1489,6 +1552,33 @@ impl<R: Remote> Fs<R> {
                 }
             }
         };
+        let owner = match caller {
+            Some(caller) => self.owner_for_new(parent, caller, &attrs).await,
+            None => None,
+        };
+        if let Some(owner) = owner {
+            let set = SetAttrs {
+                uid_gid: Some(owner),
+                ..Default::default()
+            };
+            let given = if attrs.file_type() == FileKind::Symlink {
+                self.remote.lsetstat(path, set).await
+            } else {
+                self.remote.setstat(path, set).await
+            };
+            match given {
+                Ok(()) => {
+                    (attrs.uid, attrs.gid) = (Some(owner.0), Some(owner.1));
+                    if attrs.file_type() != FileKind::Dir {
+                        // chown(2) clears the set-id bits of a file, even as root: the step
+                        // below puts back those the caller asked for.
+                        attrs.mode = attrs.mode.map(|m| m & !0o6000);
+                    }
+                }
+                // The server refused: the file stays its account's, as with sshfs.
+                Err(e) => tracing::debug!(path = %path.display(), "giving a new file to its maker: {e}"),
+            }
+        }
         if let (Some(want), Some(mode)) = (perm, attrs.mode) {
             // A directory made in a setgid directory inherits S_ISGID from the server's
             // mkdir(2), as on a local disk: that is not the server's umask at work, keep it
@@ -1520,8 +1610,16 @@ impl<R: Remote> Fs<R> {
                 },
             );
         }
-        let entry = self.entry(self.remember(parent, name, attrs, None, since));
-        if attrs.file_type() == FileKind::Dir {
+        // Only mkdir makes a directory here (link(2) of one is refused by the kernel).
+        let is_dir = attrs.file_type() == FileKind::Dir;
+        let nlink = is_dir.then_some(2);
+        if is_dir {
+            // A new directory has two links, its `.` and its name; its `..` is one more link
+            // to the parent.
+            self.inodes.lock().unwrap().subdirs_changed(parent, 1);
+        }
+        let entry = self.entry(self.remember(parent, name, attrs, nlink, since));
+        if is_dir {
             self.cache
                 .lock()
                 .unwrap()
@@ -1530,7 +1628,14 @@ impl<R: Remote> Fs<R> {
         Ok(entry)
     }
 
-    pub async fn mkdir(&self, parent: Ino, name: &OsStr, mode: u32, umask: u32) -> FsResult<Entry> {
+    pub async fn mkdir(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        caller: Caller,
+    ) -> FsResult<Entry> {
         self.check_writable("mkdir")?;
         // A name it creates or a path it moves may be one an unlink answered early is
         // still removing (see remove_behind): so may a name any operation below creates or a
@@ -1547,11 +1652,17 @@ impl<R: Remote> Fs<R> {
                 return Err(self.explain(Op::Mkdir, e, &path, None).await);
             }
         };
-        self.finish_create(parent, name, &path, Some(perm), Some((attrs, since)))
+        self.finish_create(parent, name, &path, Some(perm), Some((attrs, since)), Some(caller))
             .await
     }
 
-    pub async fn symlink(&self, parent: Ino, name: &OsStr, target: &Path) -> FsResult<Entry> {
+    pub async fn symlink(
+        &self,
+        parent: Ino,
+        name: &OsStr,
+        target: &Path,
+        caller: Caller,
+    ) -> FsResult<Entry> {
         self.check_writable("symlink")?;
         self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
@@ -1564,7 +1675,8 @@ impl<R: Remote> Fs<R> {
             self.enforcer.quota.release_entry(None, 0);
             return Err(self.explain(Op::Symlink, e, &path, None).await);
         }
-        self.finish_create(parent, name, &path, None, None).await
+        self.finish_create(parent, name, &path, None, None, Some(caller))
+            .await
     }
 
     pub async fn unlink(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<()> {
@@ -1716,6 +1828,7 @@ impl<R: Remote> Fs<R> {
         }
         self.enforcer.quota.release_entry(None, 0);
         self.removed(parent, name);
+        self.inodes.lock().unwrap().subdirs_changed(parent, -1);
         Ok(())
     }
 
@@ -1867,6 +1980,19 @@ impl<R: Remote> Fs<R> {
             {
                 inodes.status_changed(ino, now);
             }
+            // A directory moved takes its `..` link along; one replaced loses its own.
+            let is_dir = |ino: Option<Ino>| {
+                ino.and_then(|i| inodes.kind(i)) == Some(FileKind::Dir)
+            };
+            let moved_dir = is_dir(inodes.child(parent, name));
+            let replaced_dir = is_dir(inodes.child(new_parent, new_name));
+            if moved_dir {
+                inodes.subdirs_changed(parent, -1);
+                inodes.subdirs_changed(new_parent, 1);
+            }
+            if replaced_dir {
+                inodes.subdirs_changed(new_parent, -1);
+            }
             inodes.rename(parent, name, new_parent, new_name)
         };
         if let Some((target_ino, size)) = replaced {
@@ -1929,7 +2055,7 @@ impl<R: Remote> Fs<R> {
             // file of its own to the mount.
             self.attrs_changed(ino, None);
             return self
-                .finish_create(new_parent, new_name, &new, None, None)
+                .finish_create(new_parent, new_name, &new, None, None, None)
                 .await;
         }
         // The link count and the ctime changed: every name of it shows that.
@@ -2023,7 +2149,11 @@ impl<R: Remote> Fs<R> {
         }
         self.reserve_entry(&path)?;
         let since = self.cache.lock().unwrap().now();
-        let (handle, attrs) = match self.remote.open_stat(&path, flags, perm).await {
+        // A file that may be given away after it is made is made without set-id bits, and
+        // gets them only once it is its maker's: never a set-id file of the server's account.
+        let giving_away = self.config.lock().unwrap().owners_from_callers && req.caller.uid != 0;
+        let first_perm = if giving_away { perm & !0o6000 } else { perm };
+        let (handle, attrs) = match self.remote.open_stat(&path, flags, first_perm).await {
             Ok(h) => h,
             Err(e) => {
                 self.enforcer.quota.release_entry(None, 0);
@@ -2036,7 +2166,14 @@ impl<R: Remote> Fs<R> {
             }
         };
         let entry = match self
-            .finish_create(parent, name, &path, Some(perm), Some((attrs, since)))
+            .finish_create(
+                parent,
+                name,
+                &path,
+                Some(perm),
+                Some((attrs, since)),
+                Some(req.caller),
+            )
             .await
         {
             Ok(e) => e,
@@ -2072,6 +2209,7 @@ impl<R: Remote> Fs<R> {
         name: &OsStr,
         mode: u32,
         umask: u32,
+        caller: Caller,
     ) -> FsResult<Entry> {
         self.check_writable("mknod")?;
         self.removes_behind.all_settled().await;
@@ -2086,6 +2224,7 @@ impl<R: Remote> Fs<R> {
         let req = OpenRequest {
             flags: libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
             pid: 0,
+            caller,
         };
         let (entry, fh) = self
             .create(parent, name, libc::S_IFREG | (mode & 0o7777), umask, req)

@@ -20,7 +20,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::cache::CacheConfig;
 use super::inode::Ino;
-use super::{Fs, FsConfig, OpenRequest, SetattrRequest, TimeSpec, ROOT};
+use super::{Caller, Fs, FsConfig, OpenRequest, SetattrRequest, TimeSpec, ROOT};
 use crate::error::FsResult;
 use crate::remote::faulty::{FaultPlan, FaultyRemote, Op as ROp};
 use crate::remote::local::LocalRemote;
@@ -142,7 +142,7 @@ impl Harness {
                 name,
                 FILE_MODE,
                 UMASK,
-                OpenRequest { flags, pid: 0 },
+                OpenRequest { flags, pid: 0, caller: Caller::ROOT },
             )
             .await
         {
@@ -156,6 +156,7 @@ impl Harness {
         let req = OpenRequest {
             flags: libc::O_RDWR | libc::O_CREAT,
             pid,
+            caller: Caller::ROOT,
         };
         match self
             .fs
@@ -170,7 +171,7 @@ impl Harness {
     async fn mkdir(&self, parent: Ino, name: &str) -> Ino {
         match self
             .fs
-            .mkdir(parent, OsStr::new(name), DIR_MODE, UMASK)
+            .mkdir(parent, OsStr::new(name), DIR_MODE, UMASK, Caller::ROOT)
             .await
         {
             Ok(e) => e.attr.ino,
@@ -179,7 +180,7 @@ impl Harness {
     }
 
     async fn open(&self, ino: Ino, flags: i32) -> u64 {
-        match self.fs.open(ino, OpenRequest { flags, pid: 0 }).await {
+        match self.fs.open(ino, OpenRequest { flags, pid: 0, caller: Caller::ROOT }).await {
             Ok(fh) => fh,
             Err(e) => panic!("open {ino} flags {flags:#o}: {e}"),
         }
@@ -310,17 +311,17 @@ async fn errno_mkdir_existing_is_eexist() {
     let mut c = Checks::default();
     c.errno(
         "mkdir over an existing dir",
-        h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK).await,
+        h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK, Caller::ROOT).await,
         libc::EEXIST,
     );
     c.errno(
         "mkdir over an existing file",
-        h.fs.mkdir(ROOT, os("f"), DIR_MODE, UMASK).await,
+        h.fs.mkdir(ROOT, os("f"), DIR_MODE, UMASK, Caller::ROOT).await,
         libc::EEXIST,
     );
     c.errno(
         "symlink over an existing file",
-        h.fs.symlink(ROOT, os("f"), Path::new("t")).await,
+        h.fs.symlink(ROOT, os("f"), Path::new("t"), Caller::ROOT).await,
         libc::EEXIST,
     );
     c.finish();
@@ -385,6 +386,7 @@ async fn errno_create_excl_existing_is_eexist() {
     let excl = OpenRequest {
         flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
         pid: 0,
+        caller: Caller::ROOT,
     };
     assert_errno(
         h.fs.create(ROOT, os("f"), FILE_MODE, UMASK, excl).await,
@@ -404,6 +406,7 @@ async fn errno_create_over_a_dir() {
     let excl = OpenRequest {
         flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL,
         pid: 0,
+        caller: Caller::ROOT,
     };
     c.errno(
         "create O_EXCL over a dir",
@@ -413,6 +416,7 @@ async fn errno_create_over_a_dir() {
     let plain = OpenRequest {
         flags: libc::O_RDWR | libc::O_CREAT,
         pid: 0,
+        caller: Caller::ROOT,
     };
     c.errno(
         "create (no O_EXCL) over a dir",
@@ -433,12 +437,13 @@ async fn errno_name_too_long() {
     c.errno("lookup", h.fs.lookup(ROOT, long).await, libc::ENAMETOOLONG);
     c.errno(
         "mkdir",
-        h.fs.mkdir(ROOT, long, DIR_MODE, UMASK).await,
+        h.fs.mkdir(ROOT, long, DIR_MODE, UMASK, Caller::ROOT).await,
         libc::ENAMETOOLONG,
     );
     let req = OpenRequest {
         flags: libc::O_RDWR | libc::O_CREAT,
         pid: 0,
+        caller: Caller::ROOT,
     };
     c.errno(
         "create",
@@ -449,7 +454,7 @@ async fn errno_name_too_long() {
     c.errno("rmdir", h.fs.rmdir(ROOT, long).await, libc::ENAMETOOLONG);
     c.errno(
         "symlink",
-        h.fs.symlink(ROOT, long, Path::new("f")).await,
+        h.fs.symlink(ROOT, long, Path::new("f"), Caller::ROOT).await,
         libc::ENAMETOOLONG,
     );
     c.errno(
@@ -615,12 +620,13 @@ async fn errno_component_that_is_a_file_is_enotdir() {
     let mut c = Checks::default();
     c.errno(
         "mkdir in it",
-        h.fs.mkdir(d, os("x"), DIR_MODE, UMASK).await,
+        h.fs.mkdir(d, os("x"), DIR_MODE, UMASK, Caller::ROOT).await,
         libc::ENOTDIR,
     );
     let req = OpenRequest {
         flags: libc::O_RDWR | libc::O_CREAT,
         pid: 0,
+        caller: Caller::ROOT,
     };
     c.errno(
         "create in it",
@@ -631,7 +637,7 @@ async fn errno_component_that_is_a_file_is_enotdir() {
     c.errno("rmdir in it", h.fs.rmdir(d, os("x")).await, libc::ENOTDIR);
     c.errno(
         "symlink in it",
-        h.fs.symlink(d, os("x"), Path::new("t")).await,
+        h.fs.symlink(d, os("x"), Path::new("t"), Caller::ROOT).await,
         libc::ENOTDIR,
     );
     c.errno(
@@ -818,7 +824,7 @@ async fn cache_negative_lookups() {
         libc::ENOENT,
         "before symlink",
     );
-    h.fs.symlink(ROOT, os("link"), Path::new("ghost"))
+    h.fs.symlink(ROOT, os("link"), Path::new("ghost"), Caller::ROOT)
         .await
         .unwrap();
     h.lookup(ROOT, "link").await;
@@ -1398,6 +1404,7 @@ async fn wb_o_append() {
     let req = OpenRequest {
         flags: libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND,
         pid: 0,
+        caller: Caller::ROOT,
     };
     let (_, fh) =
         h.fs.create(ROOT, os("f"), FILE_MODE, UMASK, req)
@@ -2058,6 +2065,7 @@ async fn reconnect_reopen_follows_renames_and_drops_create_flags() {
     let req = OpenRequest {
         flags: libc::O_RDWR | libc::O_CREAT | libc::O_EXCL | libc::O_TRUNC,
         pid: 0,
+        caller: Caller::ROOT,
     };
     let (_, fh) =
         h.fs.create(ROOT, os("f"), FILE_MODE, UMASK, req)
@@ -2711,7 +2719,7 @@ async fn setattr_on_a_symlink() {
     let h = Harness::new();
     std::fs::write(h.disk("target"), b"t").unwrap();
     let e =
-        h.fs.symlink(ROOT, os("l"), Path::new("target"))
+        h.fs.symlink(ROOT, os("l"), Path::new("target"), Caller::ROOT)
             .await
             .unwrap();
     assert_eq!(e.attr.kind, FileKind::Symlink);
@@ -2771,12 +2779,13 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     let rofs = libc::EROFS;
     c.errno(
         "mkdir",
-        h.fs.mkdir(ROOT, os("nd"), DIR_MODE, UMASK).await,
+        h.fs.mkdir(ROOT, os("nd"), DIR_MODE, UMASK, Caller::ROOT).await,
         rofs,
     );
     let req = OpenRequest {
         flags: libc::O_RDWR | libc::O_CREAT,
         pid: 0,
+        caller: Caller::ROOT,
     };
     c.errno(
         "create",
@@ -2793,7 +2802,7 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     c.errno("link", h.fs.link(f, ROOT, os("h")).await, rofs);
     c.errno(
         "symlink",
-        h.fs.symlink(ROOT, os("s"), Path::new("f")).await,
+        h.fs.symlink(ROOT, os("s"), Path::new("f"), Caller::ROOT).await,
         rofs,
     );
     for (what, set) in [
@@ -2830,7 +2839,7 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     ] {
         c.errno(
             what,
-            h.fs.open(f, OpenRequest { flags, pid: 0 }).await,
+            h.fs.open(f, OpenRequest { flags, pid: 0, caller: Caller::ROOT }).await,
             rofs,
         );
     }
@@ -3128,24 +3137,143 @@ async fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
     std::fs::set_permissions(h.disk("sg"), std::fs::Permissions::from_mode(0o2775)).unwrap();
     let sg = h.lookup(ROOT, "sg").await;
     let e =
-        h.fs.mkdir(sg, os("s"), libc::S_IFDIR | 0o755, UMASK)
+        h.fs.mkdir(sg, os("s"), libc::S_IFDIR | 0o755, UMASK, Caller::ROOT)
             .await
             .unwrap();
     assert_eq!(e.attr.perm, 0o2755, "mkdir reply");
     assert_eq!(h.meta("sg/s").mode() & 0o7777, 0o2755, "on the server");
     // Permission bits the server's umask took away are still put back, setgid kept.
     let e =
-        h.fs.mkdir(sg, os("wide"), libc::S_IFDIR | 0o777, 0)
+        h.fs.mkdir(sg, os("wide"), libc::S_IFDIR | 0o777, 0, Caller::ROOT)
             .await
             .unwrap();
     assert_eq!(e.attr.perm, 0o2777, "mkdir 0777, umask 0");
     assert_eq!(h.meta("sg/wide").mode() & 0o7777, 0o2777);
     // A plain directory gets no setgid.
     let e =
-        h.fs.mkdir(ROOT, os("plain"), libc::S_IFDIR | 0o755, UMASK)
+        h.fs.mkdir(ROOT, os("plain"), libc::S_IFDIR | 0o755, UMASK, Caller::ROOT)
             .await
             .unwrap();
     assert_eq!(e.attr.perm, 0o755);
+}
+
+/// A directory's link count is 2 plus its subdirectories, as on a local disk, and follows
+/// mkdir, rmdir and renames of directories through the mount (SFTP's attributes carry no link
+/// count: the mount keeps it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_directory_link_counts_follow_subdirectories() {
+    let h = Harness::new();
+    let nlink = |ino| {
+        let h = &h;
+        async move { h.fs.getattr(ino, None).await.unwrap().0.nlink }
+    };
+    let a = h.mkdir(ROOT, "a").await;
+    let c = h.mkdir(ROOT, "c").await;
+    assert_eq!(nlink(a).await, 2, "empty directory");
+    let b = h.mkdir(a, "b").await;
+    let (_, fh) =
+        h.fs.create(a, os("file"), FILE_MODE, UMASK, OpenRequest::default())
+            .await
+            .unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!((nlink(a).await, nlink(b).await), (3, 2), "a subdirectory, a file");
+    h.fs.rename(a, os("b"), c, os("b"), 0).await.unwrap();
+    assert_eq!((nlink(a).await, nlink(c).await), (2, 3), "moved to another directory");
+    h.fs.rename(c, os("b"), c, os("b2"), 0).await.unwrap();
+    assert_eq!(nlink(c).await, 3, "renamed in place");
+    h.mkdir(c, "x").await;
+    h.fs.rename(c, os("b2"), c, os("x"), 0).await.unwrap();
+    assert_eq!(nlink(c).await, 3, "replaced an empty directory");
+    h.fs.rmdir(c, os("x")).await.unwrap();
+    assert_eq!(nlink(c).await, 2, "rmdir");
+}
+
+/// On a mount local users share (`allow_other`) whose server account is root, what a user
+/// makes is theirs, as on a local disk: owner the caller, group the caller's or, in a setgid
+/// directory, the directory's; a set-id bit asked for survives the chown that gives it away.
+/// Without `allow_other`, or for root itself, nothing is given away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: giving files away needs root (the server account must be root)");
+        return;
+    }
+    let h = Harness::with(
+        FsConfig {
+            owners_from_callers: true,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    let user = Caller {
+        uid: 65534,
+        gid: 65533,
+    };
+    let owner = |rel: &str| {
+        let m = h.meta(rel);
+        (m.uid(), m.gid())
+    };
+    let req = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT,
+        pid: 0,
+        caller: user,
+    };
+    // Held once the server has made it (the open is done, its fstat waits): not a set-id
+    // file of root's, even for that moment.
+    h.plan.hold(ROp::Fstat);
+    let fs = h.fs.clone();
+    let made = tokio::spawn(async move {
+        fs.create(ROOT, os("f"), libc::S_IFREG | 0o4755, 0, req)
+            .await
+    });
+    h.plan.until_held(ROp::Fstat, 1).await;
+    let m = h.meta("f");
+    assert_eq!((m.uid(), m.mode() & 0o6000), (0, 0), "made without set-id bits");
+    h.plan.release(ROp::Fstat);
+    let (e, fh) = made.await.unwrap().unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!((e.attr.uid, e.attr.gid), (65534, 65533), "create reply");
+    assert_eq!(owner("f"), (65534, 65533), "created file on the server");
+    assert_eq!(h.meta("f").mode() & 0o7777, 0o4755, "setuid kept");
+    let e =
+        h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK, user)
+            .await
+            .unwrap();
+    assert_eq!((e.attr.uid, e.attr.gid), (65534, 65533), "mkdir reply");
+    assert_eq!(owner("d"), (65534, 65533), "new directory");
+    h.fs.symlink(ROOT, os("l"), Path::new("f"), user)
+        .await
+        .unwrap();
+    assert_eq!(owner("l"), (65534, 65533), "the symlink itself");
+    assert_eq!(owner("f"), (65534, 65533), "not what it points to");
+    h.fs.mknod(ROOT, os("n"), libc::S_IFREG | 0o644, UMASK, user)
+        .await
+        .unwrap();
+    assert_eq!(owner("n"), (65534, 65533), "mknod");
+
+    // In a setgid directory the group is the directory's.
+    std::fs::create_dir(h.disk("sg")).unwrap();
+    std::os::unix::fs::chown(h.disk("sg"), Some(0), Some(777)).unwrap();
+    std::fs::set_permissions(h.disk("sg"), std::fs::Permissions::from_mode(0o2777)).unwrap();
+    let sg = h.lookup(ROOT, "sg").await;
+    let e = h.fs.mkdir(sg, os("s"), DIR_MODE, UMASK, user).await.unwrap();
+    assert_eq!((e.attr.uid, e.attr.gid), (65534, 777));
+    assert_eq!(owner("sg/s"), (65534, 777));
+    assert_eq!(h.meta("sg/s").mode() & 0o7777, 0o2755, "setgid inherited");
+
+    // Root's files stay root's.
+    h.fs.mkdir(ROOT, os("r"), DIR_MODE, UMASK, Caller::ROOT)
+        .await
+        .unwrap();
+    assert_eq!(owner("r"), (0, 0));
+
+    // Without allow_other, the mount's user is the only one: nothing is given away.
+    let h = Harness::new();
+    h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK, user)
+        .await
+        .unwrap();
+    let m = h.meta("d");
+    assert_eq!((m.uid(), m.gid()), (0, 0), "single-user mount");
 }
 
 /// mknod(S_IFREG) makes a regular file (an exclusive create, as sshfs does), under the same
@@ -3154,7 +3282,7 @@ async fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
 async fn posix_mknod_of_a_regular_file_creates_it() {
     let h = Harness::new();
     let e =
-        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK)
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK, Caller::ROOT)
             .await
             .expect("mknod S_IFREG");
     assert_eq!(
@@ -3176,7 +3304,7 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
     );
     assert_eq!(h.open_handles().await, 0);
     assert_errno(
-        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK)
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK, Caller::ROOT)
             .await,
         libc::EEXIST,
         "mknod over an existing file",
@@ -3188,7 +3316,7 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
         ("sock", libc::S_IFSOCK),
     ] {
         assert_errno(
-            h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK).await,
+            h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK, Caller::ROOT).await,
             libc::EPERM,
             what,
         );
@@ -3198,11 +3326,11 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
     // The entry quota applies as for create.
     let quota = &h.fs.enforcer().quota;
     quota.set_limits(None, Some(quota.usage().files as u64 + 1));
-    h.fs.mknod(ROOT, os("last"), libc::S_IFREG | 0o644, UMASK)
+    h.fs.mknod(ROOT, os("last"), libc::S_IFREG | 0o644, UMASK, Caller::ROOT)
         .await
         .expect("mknod within the quota");
     assert_errno(
-        h.fs.mknod(ROOT, os("over"), libc::S_IFREG | 0o644, UMASK)
+        h.fs.mknod(ROOT, os("over"), libc::S_IFREG | 0o644, UMASK, Caller::ROOT)
             .await,
         libc::ENOSPC,
         "mknod over the file quota",
@@ -3213,7 +3341,7 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
     h.fs.set_read_only();
     for kind in [libc::S_IFREG, libc::S_IFIFO] {
         assert_errno(
-            h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK).await,
+            h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK, Caller::ROOT).await,
             libc::EROFS,
             "mknod on a read-only mount",
         );
@@ -3357,7 +3485,7 @@ async fn posix_follow_symlinks_inode_kind_never_changes() {
     let (_, fh) = h.create(ROOT, "f").await;
     h.fs.release(fh).await.unwrap();
     let made =
-        h.fs.symlink(ROOT, os("l"), Path::new("f"))
+        h.fs.symlink(ROOT, os("l"), Path::new("f"), Caller::ROOT)
             .await
             .unwrap()
             .attr;
@@ -3723,6 +3851,7 @@ async fn ahead_failed_fetches_and_ttl_zero() {
             OpenRequest {
                 flags: libc::O_RDONLY,
                 pid: 0,
+                caller: Caller::ROOT,
             },
         )
         .await,
@@ -3798,6 +3927,7 @@ async fn create_excl(h: &Harness, name: &str) -> (Ino, u64) {
     let req = OpenRequest {
         flags: libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
         pid: 0,
+        caller: Caller::ROOT,
     };
     let (e, fh) =
         h.fs.create(ROOT, os(name), FILE_MODE, UMASK, req)
@@ -4206,7 +4336,7 @@ async fn unlink_behind_answers_early_and_keeps_order() {
     let fs = h.fs.clone();
     let mut create = tokio::spawn(async move {
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
-        fs.create(d, os("a"), FILE_MODE, UMASK, OpenRequest { flags, pid: 0 })
+        fs.create(d, os("a"), FILE_MODE, UMASK, OpenRequest { flags, pid: 0, caller: Caller::ROOT })
             .await
     });
     assert!(
