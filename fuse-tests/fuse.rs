@@ -2977,18 +2977,29 @@ fn posix_shared_mount_gives_new_files_to_their_maker() {
     fs::create_dir(m.p("shared")).unwrap();
     fs::set_permissions(m.p("shared"), fs::Permissions::from_mode(0o777)).unwrap();
     let out = Command::new("sh")
-        .args(["-c", "mkdir d && mkdir d/sub && echo hi > f && ln -s f l && chmod 600 f"])
+        .args([
+            "-c",
+            "mkdir d && mkdir d/sub && echo hi > f && ln -s f l && chmod 600 f",
+        ])
         .current_dir(m.p("shared"))
         .uid(65534)
         .gid(65534)
         .output()
         .unwrap();
-    assert!(out.status.success(), "as uid 65534: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "as uid 65534: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for rel in ["shared/d", "shared/d/sub", "shared/f", "shared/l"] {
         let s = fs::symlink_metadata(m.e(rel)).unwrap();
         assert_eq!((s.uid(), s.gid()), (65534, 65534), "{rel} on the server");
         let s = fs::symlink_metadata(m.p(rel)).unwrap();
-        assert_eq!((s.uid(), s.gid()), (65534, 65534), "{rel} through the mount");
+        assert_eq!(
+            (s.uid(), s.gid()),
+            (65534, 65534),
+            "{rel} through the mount"
+        );
     }
     assert_eq!(fs::metadata(m.e("shared/f")).unwrap().mode() & 0o777, 0o600);
     assert_eq!(fs::read(m.e("shared/f")).unwrap(), b"hi\n");
@@ -2999,7 +3010,11 @@ fn posix_shared_mount_gives_new_files_to_their_maker() {
     let nlink = |rel: &str| fs::metadata(m.p(rel)).unwrap().nlink();
     assert_eq!((nlink("shared/d"), nlink("shared/d/sub")), (3, 2));
     fs::rename(m.p("shared/d/sub"), m.p("shared/r/sub")).unwrap();
-    assert_eq!((nlink("shared/d"), nlink("shared/r")), (2, 3), "after a rename");
+    assert_eq!(
+        (nlink("shared/d"), nlink("shared/r")),
+        (2, 3),
+        "after a rename"
+    );
     fs::remove_dir(m.p("shared/r/sub")).unwrap();
     assert_eq!(nlink("shared/r"), 2, "after rmdir");
 }

@@ -735,8 +735,7 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
             caller: caller(req),
         };
         self.spawn("create", req, async move {
-            match fs.create(parent.0, &name, mode, umask, open).await
-            {
+            match fs.create(parent.0, &name, mode, umask, open).await {
                 Ok((e, fh)) => reply.created(
                     &e.entry_ttl,
                     &fuse_attr(&e.attr),

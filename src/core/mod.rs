@@ -1500,7 +1500,12 @@ impl<R: Remote> Fs<R> {
     /// done only when the new file is root's (the account is root), on a mount several local
     /// users share (`allow_other`), and without `idmap` (which maps that account to one
     /// local user instead).
-    async fn owner_for_new(&self, parent: Ino, caller: Caller, attrs: &Attrs) -> Option<(u32, u32)> {
+    async fn owner_for_new(
+        &self,
+        parent: Ino,
+        caller: Caller,
+        attrs: &Attrs,
+    ) -> Option<(u32, u32)> {
         {
             let config = self.config.lock().unwrap();
             if !config.owners_from_callers || config.idmap.is_some() {
@@ -1516,7 +1521,13 @@ impl<R: Remote> Fs<R> {
         };
         let parent_mode = match parent_mode {
             Some(m) => m,
-            None => self.remote.stat(&self.path_of(parent).ok()?).await.ok()?.mode?,
+            None => {
+                self.remote
+                    .stat(&self.path_of(parent).ok()?)
+                    .await
+                    .ok()?
+                    .mode?
+            }
         };
         let gid = if parent_mode & libc::S_ISGID != 0 {
             attrs.gid?
@@ -1576,7 +1587,9 @@ impl<R: Remote> Fs<R> {
                     }
                 }
                 // The server refused: the file stays its account's, as with sshfs.
-                Err(e) => tracing::debug!(path = %path.display(), "giving a new file to its maker: {e}"),
+                Err(e) => {
+                    tracing::debug!(path = %path.display(), "giving a new file to its maker: {e}")
+                }
             }
         }
         if let (Some(want), Some(mode)) = (perm, attrs.mode) {
@@ -1652,8 +1665,15 @@ impl<R: Remote> Fs<R> {
                 return Err(self.explain(Op::Mkdir, e, &path, None).await);
             }
         };
-        self.finish_create(parent, name, &path, Some(perm), Some((attrs, since)), Some(caller))
-            .await
+        self.finish_create(
+            parent,
+            name,
+            &path,
+            Some(perm),
+            Some((attrs, since)),
+            Some(caller),
+        )
+        .await
     }
 
     pub async fn symlink(
@@ -1981,9 +2001,7 @@ impl<R: Remote> Fs<R> {
                 inodes.status_changed(ino, now);
             }
             // A directory moved takes its `..` link along; one replaced loses its own.
-            let is_dir = |ino: Option<Ino>| {
-                ino.and_then(|i| inodes.kind(i)) == Some(FileKind::Dir)
-            };
+            let is_dir = |ino: Option<Ino>| ino.and_then(|i| inodes.kind(i)) == Some(FileKind::Dir);
             let moved_dir = is_dir(inodes.child(parent, name));
             let replaced_dir = is_dir(inodes.child(new_parent, new_name));
             if moved_dir {

@@ -142,7 +142,11 @@ impl Harness {
                 name,
                 FILE_MODE,
                 UMASK,
-                OpenRequest { flags, pid: 0, caller: Caller::ROOT },
+                OpenRequest {
+                    flags,
+                    pid: 0,
+                    caller: Caller::ROOT,
+                },
             )
             .await
         {
@@ -180,7 +184,18 @@ impl Harness {
     }
 
     async fn open(&self, ino: Ino, flags: i32) -> u64 {
-        match self.fs.open(ino, OpenRequest { flags, pid: 0, caller: Caller::ROOT }).await {
+        match self
+            .fs
+            .open(
+                ino,
+                OpenRequest {
+                    flags,
+                    pid: 0,
+                    caller: Caller::ROOT,
+                },
+            )
+            .await
+        {
             Ok(fh) => fh,
             Err(e) => panic!("open {ino} flags {flags:#o}: {e}"),
         }
@@ -311,17 +326,20 @@ async fn errno_mkdir_existing_is_eexist() {
     let mut c = Checks::default();
     c.errno(
         "mkdir over an existing dir",
-        h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK, Caller::ROOT).await,
+        h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK, Caller::ROOT)
+            .await,
         libc::EEXIST,
     );
     c.errno(
         "mkdir over an existing file",
-        h.fs.mkdir(ROOT, os("f"), DIR_MODE, UMASK, Caller::ROOT).await,
+        h.fs.mkdir(ROOT, os("f"), DIR_MODE, UMASK, Caller::ROOT)
+            .await,
         libc::EEXIST,
     );
     c.errno(
         "symlink over an existing file",
-        h.fs.symlink(ROOT, os("f"), Path::new("t"), Caller::ROOT).await,
+        h.fs.symlink(ROOT, os("f"), Path::new("t"), Caller::ROOT)
+            .await,
         libc::EEXIST,
     );
     c.finish();
@@ -2779,7 +2797,8 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     let rofs = libc::EROFS;
     c.errno(
         "mkdir",
-        h.fs.mkdir(ROOT, os("nd"), DIR_MODE, UMASK, Caller::ROOT).await,
+        h.fs.mkdir(ROOT, os("nd"), DIR_MODE, UMASK, Caller::ROOT)
+            .await,
         rofs,
     );
     let req = OpenRequest {
@@ -2802,7 +2821,8 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     c.errno("link", h.fs.link(f, ROOT, os("h")).await, rofs);
     c.errno(
         "symlink",
-        h.fs.symlink(ROOT, os("s"), Path::new("f"), Caller::ROOT).await,
+        h.fs.symlink(ROOT, os("s"), Path::new("f"), Caller::ROOT)
+            .await,
         rofs,
     );
     for (what, set) in [
@@ -2839,7 +2859,15 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     ] {
         c.errno(
             what,
-            h.fs.open(f, OpenRequest { flags, pid: 0, caller: Caller::ROOT }).await,
+            h.fs.open(
+                f,
+                OpenRequest {
+                    flags,
+                    pid: 0,
+                    caller: Caller::ROOT,
+                },
+            )
+            .await,
             rofs,
         );
     }
@@ -3151,9 +3179,15 @@ async fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
     assert_eq!(h.meta("sg/wide").mode() & 0o7777, 0o2777);
     // A plain directory gets no setgid.
     let e =
-        h.fs.mkdir(ROOT, os("plain"), libc::S_IFDIR | 0o755, UMASK, Caller::ROOT)
-            .await
-            .unwrap();
+        h.fs.mkdir(
+            ROOT,
+            os("plain"),
+            libc::S_IFDIR | 0o755,
+            UMASK,
+            Caller::ROOT,
+        )
+        .await
+        .unwrap();
     assert_eq!(e.attr.perm, 0o755);
 }
 
@@ -3176,9 +3210,17 @@ async fn posix_directory_link_counts_follow_subdirectories() {
             .await
             .unwrap();
     h.fs.release(fh).await.unwrap();
-    assert_eq!((nlink(a).await, nlink(b).await), (3, 2), "a subdirectory, a file");
+    assert_eq!(
+        (nlink(a).await, nlink(b).await),
+        (3, 2),
+        "a subdirectory, a file"
+    );
     h.fs.rename(a, os("b"), c, os("b"), 0).await.unwrap();
-    assert_eq!((nlink(a).await, nlink(c).await), (2, 3), "moved to another directory");
+    assert_eq!(
+        (nlink(a).await, nlink(c).await),
+        (2, 3),
+        "moved to another directory"
+    );
     h.fs.rename(c, os("b"), c, os("b2"), 0).await.unwrap();
     assert_eq!(nlink(c).await, 3, "renamed in place");
     h.mkdir(c, "x").await;
@@ -3228,7 +3270,11 @@ async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
     });
     h.plan.until_held(ROp::Fstat, 1).await;
     let m = h.meta("f");
-    assert_eq!((m.uid(), m.mode() & 0o6000), (0, 0), "made without set-id bits");
+    assert_eq!(
+        (m.uid(), m.mode() & 0o6000),
+        (0, 0),
+        "made without set-id bits"
+    );
     h.plan.release(ROp::Fstat);
     let (e, fh) = made.await.unwrap().unwrap();
     h.fs.release(fh).await.unwrap();
@@ -3256,7 +3302,10 @@ async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
     std::os::unix::fs::chown(h.disk("sg"), Some(0), Some(777)).unwrap();
     std::fs::set_permissions(h.disk("sg"), std::fs::Permissions::from_mode(0o2777)).unwrap();
     let sg = h.lookup(ROOT, "sg").await;
-    let e = h.fs.mkdir(sg, os("s"), DIR_MODE, UMASK, user).await.unwrap();
+    let e =
+        h.fs.mkdir(sg, os("s"), DIR_MODE, UMASK, user)
+            .await
+            .unwrap();
     assert_eq!((e.attr.uid, e.attr.gid), (65534, 777));
     assert_eq!(owner("sg/s"), (65534, 777));
     assert_eq!(h.meta("sg/s").mode() & 0o7777, 0o2755, "setgid inherited");
@@ -3316,7 +3365,8 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
         ("sock", libc::S_IFSOCK),
     ] {
         assert_errno(
-            h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK, Caller::ROOT).await,
+            h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK, Caller::ROOT)
+                .await,
             libc::EPERM,
             what,
         );
@@ -3341,7 +3391,8 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
     h.fs.set_read_only();
     for kind in [libc::S_IFREG, libc::S_IFIFO] {
         assert_errno(
-            h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK, Caller::ROOT).await,
+            h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK, Caller::ROOT)
+                .await,
             libc::EROFS,
             "mknod on a read-only mount",
         );
@@ -4336,8 +4387,18 @@ async fn unlink_behind_answers_early_and_keeps_order() {
     let fs = h.fs.clone();
     let mut create = tokio::spawn(async move {
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
-        fs.create(d, os("a"), FILE_MODE, UMASK, OpenRequest { flags, pid: 0, caller: Caller::ROOT })
-            .await
+        fs.create(
+            d,
+            os("a"),
+            FILE_MODE,
+            UMASK,
+            OpenRequest {
+                flags,
+                pid: 0,
+                caller: Caller::ROOT,
+            },
+        )
+        .await
     });
     assert!(
         still_waiting(&mut create).await,
