@@ -137,17 +137,7 @@ impl Harness {
         let name = name.as_ref();
         match self
             .fs
-            .create(
-                parent,
-                name,
-                FILE_MODE,
-                UMASK,
-                OpenRequest {
-                    flags,
-                    pid: 0,
-                    caller: Caller::ROOT,
-                },
-            )
+            .create(parent, name, FILE_MODE, UMASK, as_root(flags))
             .await
         {
             Ok((e, fh)) => (e.attr.ino, fh),
@@ -184,18 +174,7 @@ impl Harness {
     }
 
     async fn open(&self, ino: Ino, flags: i32) -> u64 {
-        match self
-            .fs
-            .open(
-                ino,
-                OpenRequest {
-                    flags,
-                    pid: 0,
-                    caller: Caller::ROOT,
-                },
-            )
-            .await
-        {
+        match self.fs.open(ino, as_root(flags)).await {
             Ok(fh) => fh,
             Err(e) => panic!("open {ino} flags {flags:#o}: {e}"),
         }
@@ -221,6 +200,15 @@ impl Harness {
 
     fn meta(&self, rel: impl AsRef<Path>) -> std::fs::Metadata {
         std::fs::symlink_metadata(self.disk(rel)).unwrap()
+    }
+}
+
+/// An open by root (the kernel's pid unknown), with `flags`.
+fn as_root(flags: i32) -> OpenRequest {
+    OpenRequest {
+        flags,
+        pid: 0,
+        caller: Caller::ROOT,
     }
 }
 
@@ -2857,19 +2845,7 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
         ("open O_RDONLY|O_TRUNC", libc::O_RDONLY | libc::O_TRUNC),
         ("open O_WRONLY|O_APPEND", libc::O_WRONLY | libc::O_APPEND),
     ] {
-        c.errno(
-            what,
-            h.fs.open(
-                f,
-                OpenRequest {
-                    flags,
-                    pid: 0,
-                    caller: Caller::ROOT,
-                },
-            )
-            .await,
-            rofs,
-        );
+        c.errno(what, h.fs.open(f, as_root(flags)).await, rofs);
     }
     c.errno(
         "write on a handle opened before",
@@ -4387,18 +4363,8 @@ async fn unlink_behind_answers_early_and_keeps_order() {
     let fs = h.fs.clone();
     let mut create = tokio::spawn(async move {
         let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
-        fs.create(
-            d,
-            os("a"),
-            FILE_MODE,
-            UMASK,
-            OpenRequest {
-                flags,
-                pid: 0,
-                caller: Caller::ROOT,
-            },
-        )
-        .await
+        fs.create(d, os("a"), FILE_MODE, UMASK, as_root(flags))
+            .await
     });
     assert!(
         still_waiting(&mut create).await,
