@@ -2167,12 +2167,42 @@ impl<R: Remote> Fs<R> {
         }
         self.reserve_entry(&path)?;
         let since = self.cache.lock().unwrap().now();
-        // A file that may be given away after it is made is made without set-id bits, and
-        // gets them only once it is its maker's: never a set-id file of the server's account.
-        let giving_away = self.config.lock().unwrap().owners_from_callers && req.caller.uid != 0;
+        // The kernel asks to create a name its lookup found missing, but a file may have been
+        // put there on the server since. Its mode is fixed up and, on a shared mount, it is
+        // given to its maker (`finish_create`) only if this create made it, never one that
+        // was there already: so it is made exclusively, and opened the plain way if it turns
+        // out to exist. On a shared mount it is made without set-id bits, and gets them only
+        // once it is its maker's: never a set-id file of the server's account.
+        let giving_away = self.config.lock().unwrap().owners_from_callers;
         let first_perm = if giving_away { perm & !0o6000 } else { perm };
-        let (handle, attrs) = match self.remote.open_stat(&path, flags, first_perm).await {
-            Ok(h) => h,
+        let made = if !flags.exclusive {
+            let exclusive = OpenFlags {
+                exclusive: true,
+                ..flags
+            };
+            match self.remote.open_stat(&path, exclusive, first_perm).await {
+                Ok(h) => Ok((h, true)),
+                Err(e) if e.is_connection_error() => Err(e),
+                // Most likely there already: opened as asked, and left to its owner.
+                Err(_) => self
+                    .remote
+                    .open_stat(&path, flags, perm)
+                    .await
+                    .map(|h| (h, false)),
+            }
+        } else {
+            self.remote
+                .open_stat(&path, flags, first_perm)
+                .await
+                .map(|h| (h, true))
+        };
+        let ((handle, attrs), new) = match made {
+            Ok((h, false)) => {
+                // Not a new entry after all.
+                self.enforcer.quota.release_entry(None, 0);
+                (h, false)
+            }
+            Ok(m) => m,
             Err(e) => {
                 self.enforcer.quota.release_entry(None, 0);
                 let mut err = self.explain(Op::Create, e, &path, None).await;
@@ -2188,9 +2218,9 @@ impl<R: Remote> Fs<R> {
                 parent,
                 name,
                 &path,
-                Some(perm),
+                new.then_some(perm),
                 Some((attrs, since)),
-                Some(req.caller),
+                new.then_some(req.caller),
             )
             .await
         {
@@ -2200,7 +2230,7 @@ impl<R: Remote> Fs<R> {
                 return Err(e);
             }
         };
-        if entry.attr.size == 0 {
+        if new && entry.attr.size == 0 {
             self.enforcer.quota.created(entry.attr.ino);
         }
         let fh = self.register_file(entry.attr.ino, flags, handle, req.pid);

@@ -3095,6 +3095,23 @@ async fn server_made_links_are_not_cached() {
     assert!(!z.attr_ttl.is_zero());
 }
 
+/// Quota: a create that finds the file already there (put on the server after the kernel's
+/// lookup) made no entry, and charges none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_a_create_of_a_file_already_there_charges_no_entry() {
+    let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(10_000), Some(10));
+    assert!(h.fs.lookup(ROOT, os("late")).await.is_err());
+    std::fs::write(h.disk("late"), b"x").unwrap();
+    let (_, fh) = h.create(ROOT, "late").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(quota.usage().files, 0);
+    let (_, fh) = h.create(ROOT, "new").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(quota.usage().files, 1);
+}
+
 /// Quota: a link is charged as a copy; removing one name of a linked file gives one copy
 /// back and keeps tracking the file, which still grows at the price of its copies.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -3285,6 +3302,26 @@ async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
     assert_eq!((e.attr.uid, e.attr.gid), (65534, 777));
     assert_eq!(owner("sg/s"), (65534, 777));
     assert_eq!(h.meta("sg/s").mode() & 0o7777, 0o2755, "setgid inherited");
+
+    // A file put there on the server after the kernel's lookup found the name missing is
+    // opened as asked (O_CREAT without O_EXCL), not taken over: neither given away nor
+    // chmodded to the mode the create asked for.
+    assert!(h.fs.lookup(ROOT, os("late")).await.is_err());
+    std::fs::write(h.disk("late"), b"theirs").unwrap();
+    std::fs::set_permissions(h.disk("late"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    let req = OpenRequest {
+        flags: libc::O_RDWR | libc::O_CREAT,
+        pid: 0,
+        caller: user,
+    };
+    let (_, fh) =
+        h.fs.create(ROOT, os("late"), FILE_MODE, UMASK, req)
+            .await
+            .unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(owner("late"), (0, 0), "an existing file keeps its owner");
+    assert_eq!(h.meta("late").mode() & 0o7777, 0o600, "and its mode");
+    assert_eq!(std::fs::read(h.disk("late")).unwrap(), b"theirs");
 
     // Root's files stay root's.
     h.fs.mkdir(ROOT, os("r"), DIR_MODE, UMASK, Caller::ROOT)
