@@ -2970,7 +2970,16 @@ fn posix_shared_mount_gives_new_files_to_their_maker() {
         eprintln!("skipped: needs root (a root server account, and a second local user)");
         return;
     }
+    let m = TestMount::start(&["allow_other"]);
+    assert!(
+        m.stderr()
+            .contains("allow_other without default_permissions"),
+        "warned: {}",
+        m.stderr()
+    );
+    drop(m);
     let m = TestMount::start(&["allow_other", "default_permissions"]);
+    assert!(!m.stderr().contains("without default_permissions"));
     // The way to the mount, for another user (the mount point's own directory is 0700).
     fs::set_permissions(m.mnt.parent().unwrap(), fs::Permissions::from_mode(0o711)).unwrap();
     fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o755)).unwrap();

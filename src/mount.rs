@@ -278,6 +278,13 @@ pub fn prepare(req: MountRequest) -> Result<Prepared, MountError> {
     if access != requested {
         tracing::warn!("read-write access requested, but the policy ({}) allows only read-only: mounting read-only", policy.source);
     }
+    if req.options.allow_other && !req.options.default_permissions {
+        tracing::warn!(
+            "allow_other without default_permissions: no permission is checked per local user, \
+             every user of the mount acts as the server's account; add -o default_permissions \
+             to have the kernel check each user's access"
+        );
+    }
     if let Some(t) = req.expires_at {
         if t <= SystemTime::now() {
             return Err(fail(
