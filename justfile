@@ -53,6 +53,12 @@ bench:
     scripts/ensure-deps.sh --fuse
     scripts/bench.sh
 
+# pjdfstest (built by you, not part of this repository) on awcp-mount and sshfs, as root:
+# just conformance /path/to/pjdfstest (see docs/SEMANTICS.md)
+conformance PJDFSTEST_DIR:
+    scripts/ensure-deps.sh --fuse
+    scripts/conformance.sh "{{PJDFSTEST_DIR}}"
+
 # Unmount leftover awcp mounts (fstype fuse.awcp, nothing else; machine-wide unless DIR)
 clean-mounts *dir:
     scripts/ensure-deps.sh
