@@ -172,10 +172,14 @@ impl InodeTable {
 
     /// A subdirectory of directory `ino` came (`+1`) or went (`-1`) through the mount: its
     /// link count, if known, follows (each subdirectory's `..` is a link to it, as on a local
-    /// disk). Never below 2, its own `.` and its name.
+    /// disk). Never below 2, its own `.` and its name. A count of 1 is left alone: that is
+    /// what a server filesystem that does not count subdirectories (btrfs) shows for every
+    /// directory.
     pub fn subdirs_changed(&mut self, ino: Ino, delta: i32) {
         if let Some(n) = self.nodes.get_mut(&ino).and_then(|n| n.nlink.as_mut()) {
-            *n = n.saturating_add_signed(delta).max(2);
+            if *n >= 2 {
+                *n = n.saturating_add_signed(delta).max(2);
+            }
         }
     }
 
@@ -393,6 +397,26 @@ mod tests {
         t.rename(ROOT_INO, os("b"), ROOT_INO, os("c"));
         assert_eq!(t.location(f), Location::Path("c/g".into()));
         assert_eq!(t.location(ROOT_INO), Location::Path("".into()));
+    }
+
+    /// A directory's known link count follows its subdirectories, never below 2; an unknown
+    /// count, or the 1 a server that does not count them shows, is left alone.
+    #[test]
+    fn directory_link_counts_follow_subdirectories() {
+        let mut t = InodeTable::new();
+        let d = t.lookup(ROOT_INO, os("d"), FileKind::Dir);
+        t.subdirs_changed(d, 1);
+        assert_eq!(t.nlink(d), Some(1), "unknown: one name");
+        t.set_nlink(d, 3);
+        t.subdirs_changed(d, 1);
+        assert_eq!(t.nlink(d), Some(4));
+        for _ in 0..4 {
+            t.subdirs_changed(d, -1);
+        }
+        assert_eq!(t.nlink(d), Some(2), "never below . and its name");
+        t.set_nlink(d, 1);
+        t.subdirs_changed(d, 1);
+        assert_eq!(t.nlink(d), Some(1), "a server that does not count");
     }
 
     #[test]
