@@ -23,7 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use awcp_mount::policy::lease::format_rfc3339;
-use common::mount::{is_awcp_mounted, mount_points_under, poll_until, BIN};
+use common::mount::{is_awcp_mounted, mount_points_under, poll_until, run_ok, BIN};
 use common::sshd::{free_port, TestSshd};
 use serde_json::{json, Value};
 
@@ -520,15 +520,7 @@ fn agent_reports_through_the_client_commands() {
         fs::read_to_string(d.work.join("agent.txt")).unwrap(),
         "12345"
     );
-    let out = Command::new(BIN)
-        .args(["status", "--json", "--executor", &serve.url()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(Command::new(BIN).args(["status", "--json", "--executor", &serve.url()]));
     let all: Value = serde_json::from_slice(&out.stdout).unwrap();
     let me = all
         .as_array()
@@ -554,24 +546,16 @@ fn agent_reports_through_the_client_commands() {
             && text.contains("5 of 100000 bytes"),
         "{text}"
     );
-    let out = Command::new(BIN)
-        .args([
-            "done",
-            &d.id,
-            "--summary",
-            "wrote agent.txt",
-            "--highlight",
-            "workspace/agent.txt",
-            "--executor",
-            &serve.url(),
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(Command::new(BIN).args([
+        "done",
+        &d.id,
+        "--summary",
+        "wrote agent.txt",
+        "--highlight",
+        "workspace/agent.txt",
+        "--executor",
+        &serve.url(),
+    ]));
     let evs = events.until_end(DEADLINE);
     assert_eq!(terminal(&evs)["type"], "done", "{evs:?}");
     assert_eq!(terminal(&evs)["summary"], "wrote agent.txt");

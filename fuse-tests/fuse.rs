@@ -29,8 +29,8 @@ use std::time::Duration;
 
 use common::mount::{
     base_args, fstypes_at, is_awcp_mounted, is_mounted, mount_status, opt_path, os, pid_alive,
-    poll_until, run_with_deadline, standard_args, status_counter, try_run_with_deadline, Launch,
-    MountFailure, TestMount, BIN, NO_CACHE,
+    poll_until, run_ok, run_with_deadline, standard_args, status_counter, try_run_with_deadline,
+    Launch, MountFailure, TestMount, BIN, NO_CACHE,
 };
 use common::sshd::TestSshd;
 use nix::sys::signal::Signal;
@@ -604,12 +604,7 @@ fn server_changes_show_after_the_ttl() {
 /// Every path below `dir`, relative to it, sorted: `find`'s walk (readdirplus and the walk
 /// ahead on the mount).
 fn tree_paths(dir: &Path) -> Vec<String> {
-    let out = Command::new("find").arg(dir).output().unwrap();
-    assert!(
-        out.status.success(),
-        "find: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = run_ok(Command::new("find").arg(dir));
     let prefix = format!("{}/", dir.display());
     let mut v: Vec<String> = String::from_utf8(out.stdout)
         .unwrap()
@@ -636,16 +631,7 @@ fn walks_down_the_tree_see_the_server_and_the_mounts_own_changes() {
     let on_server = tree_paths(&m.e("t"));
     assert_eq!(on_server.len(), 3 * (1 + 2 * 3));
     assert_eq!(tree_paths(&m.p("t")), on_server, "the walk on the mount");
-    let out = Command::new("ls")
-        .arg("-lR")
-        .arg(m.p("t"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "ls -lR: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(Command::new("ls").arg("-lR").arg(m.p("t")));
 
     fs::rename(m.p("t/b"), m.p("t/old")).unwrap();
     fs::rename(m.p("t/other"), m.p("t/b")).unwrap();
@@ -1401,13 +1387,12 @@ fn striped_sequential_write_lands_and_keeps_order() {
     let local = tempfile::tempdir().unwrap();
     let src = local.path().join("src.bin");
     fs::write(&src, &data).unwrap();
-    let out = Command::new("dd")
-        .arg(format!("if={}", src.display()))
-        .arg(format!("of={}", m.p("dd.bin").display()))
-        .args(["bs=1M", "conv=fsync", "status=none"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "dd: {out:?}");
+    run_ok(
+        Command::new("dd")
+            .arg(format!("if={}", src.display()))
+            .arg(format!("of={}", m.p("dd.bin").display()))
+            .args(["bs=1M", "conv=fsync", "status=none"]),
+    );
     assert_same_bytes(
         &fs::read(m.e("dd.bin")).unwrap(),
         &data,
@@ -2855,8 +2840,7 @@ fn executing_programs_from_the_mount() {
     let m = TestMount::start(&[]);
     fs::write(m.p("run.sh"), "#!/bin/sh\necho \"ran with $1\"\n").unwrap();
     fs::set_permissions(m.p("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
-    let out = Command::new(m.p("run.sh")).arg("arg").output().unwrap();
-    assert!(out.status.success(), "{out:?}");
+    let out = run_ok(Command::new(m.p("run.sh")).arg("arg"));
     assert_eq!(out.stdout, b"ran with arg\n");
     // An ELF binary, copied in (fs::copy keeps the mode).
     fs::copy("/bin/echo", m.p("echo")).unwrap();
@@ -2985,20 +2969,16 @@ fn posix_shared_mount_gives_new_files_to_their_maker() {
     fs::set_permissions(&m.mnt, fs::Permissions::from_mode(0o755)).unwrap();
     fs::create_dir(m.p("shared")).unwrap();
     fs::set_permissions(m.p("shared"), fs::Permissions::from_mode(0o777)).unwrap();
-    let out = Command::new("sh")
-        .args([
-            "-c",
-            "mkdir d && mkdir d/sub && echo hi > f && ln -s f l && chmod 600 f",
-        ])
-        .current_dir(m.p("shared"))
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "as uid 65534: {}",
-        String::from_utf8_lossy(&out.stderr)
+    // As uid 65534: the kernel sends the request with that uid.
+    run_ok(
+        Command::new("sh")
+            .args([
+                "-c",
+                "mkdir d && mkdir d/sub && echo hi > f && ln -s f l && chmod 600 f",
+            ])
+            .current_dir(m.p("shared"))
+            .uid(65534)
+            .gid(65534),
     );
     for rel in ["shared/d", "shared/d/sub", "shared/f", "shared/l"] {
         let s = fs::symlink_metadata(m.e(rel)).unwrap();
@@ -3814,16 +3794,7 @@ fn copies_inside_the_mount_are_made_by_the_server() {
     let read_before = status_counter(&m.mnt, "bytes_read");
 
     // cp (coreutils 9 copies a regular file with copy_file_range).
-    let out = Command::new("cp")
-        .arg(m.p("big"))
-        .arg(m.p("copy"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "cp: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(Command::new("cp").arg(m.p("big")).arg(m.p("copy")));
     assert_same_bytes(
         &fs::read(m.e("copy")).unwrap(),
         &big,
@@ -3899,17 +3870,7 @@ fn copies_keep_their_size_when_cp_sets_their_attributes() {
     let copied_before = status_counter(&m.mnt, "bytes_copied_on_server");
     for (cmd, args) in [("cp", vec!["-p"]), ("install", vec!["-m", "0600"])] {
         let to = m.p(format!("by-{cmd}"));
-        let out = Command::new(cmd)
-            .args(&args)
-            .arg(m.p("a"))
-            .arg(&to)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{cmd}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_ok(Command::new(cmd).args(&args).arg(m.p("a")).arg(&to));
         assert_eq!(
             fs::metadata(&to).unwrap().len(),
             data.len() as u64,

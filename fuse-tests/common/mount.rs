@@ -20,7 +20,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -150,6 +150,21 @@ pub fn pids_with_cmdline(argv: &[OsString]) -> Vec<i32> {
             out.push(pid);
         }
     }
+    out
+}
+
+/// Run a command (stdin empty) that must succeed; returns its output. Panics, with its
+/// stderr, if it cannot run or fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out
 }
 

@@ -26,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use awcp_mount::remote::sftp::{HostKeyPolicy, Identity, SshConfig};
 
+use super::mount::run_ok;
+
 const SSHD: &str = "/usr/sbin/sshd";
 
 /// A running private sshd. Fields are read-only information for tests.
@@ -56,22 +58,12 @@ pub struct TestSshd {
     child: Option<Child>,
 }
 
-fn run(cmd: &mut Command) {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn keygen(path: &Path, comment: &str) {
-    run(Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
-        .arg(path));
+    run_ok(
+        Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", comment, "-f"])
+            .arg(path),
+    );
 }
 
 /// A free loopback port, never the same twice in this process: a test that stops its sshd
@@ -287,12 +279,14 @@ impl TestSshd {
     /// (ssh-keygen `-V` syntax, e.g. `+1h`). Returns the certificate's path.
     pub fn sign_user_cert(&self, principal: &str, validity: &str) -> PathBuf {
         let pubkey = self.key_path.with_extension("pub");
-        run(Command::new("ssh-keygen")
-            .arg("-q")
-            .arg("-s")
-            .arg(&self.ca_key_path)
-            .args(["-I", "test-cert", "-n", principal, "-V", validity])
-            .arg(&pubkey));
+        run_ok(
+            Command::new("ssh-keygen")
+                .arg("-q")
+                .arg("-s")
+                .arg(&self.ca_key_path)
+                .args(["-I", "test-cert", "-n", principal, "-V", validity])
+                .arg(&pubkey),
+        );
         self.dir.path().join("id_ed25519-cert.pub")
     }
 

@@ -95,10 +95,14 @@ fn cap(n: usize) -> NonZeroUsize {
     NonZeroUsize::new(n.max(1)).expect("max(1) is non-zero")
 }
 
+/// How many directory listings (and as many listings fetched ahead) to keep: listings are
+/// big, so far fewer of them than single entries.
+fn dir_cap(config: &CacheConfig) -> NonZeroUsize {
+    cap((config.max_entries / 64).max(16))
+}
+
 impl MetaCache {
     pub fn new(config: CacheConfig) -> Self {
-        // Directory listings are big; keep far fewer of them than single entries.
-        let dir_cap = (config.max_entries / 64).max(16);
         MetaCache {
             config,
             clock: 0,
@@ -107,8 +111,8 @@ impl MetaCache {
             names_changed_at: None,
             attrs: LruCache::new(cap(config.max_entries)),
             negative: LruCache::new(cap(config.max_entries)),
-            dirs: LruCache::new(cap(dir_cap)),
-            dirs_ahead: LruCache::new(cap(dir_cap)),
+            dirs: LruCache::new(dir_cap(&config)),
+            dirs_ahead: LruCache::new(dir_cap(&config)),
             links: LruCache::new(cap(config.max_entries / 4)),
         }
     }
@@ -122,9 +126,8 @@ impl MetaCache {
         self.config = config;
         self.attrs.resize(cap(config.max_entries));
         self.negative.resize(cap(config.max_entries));
-        self.dirs.resize(cap((config.max_entries / 64).max(16)));
-        self.dirs_ahead
-            .resize(cap((config.max_entries / 64).max(16)));
+        self.dirs.resize(dir_cap(&config));
+        self.dirs_ahead.resize(dir_cap(&config));
         self.links.resize(cap(config.max_entries / 4));
     }
 

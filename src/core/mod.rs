@@ -1515,11 +1515,13 @@ impl<R: Remote> Fs<R> {
         if attrs.uid != Some(0) {
             return None;
         }
-        let parent_mode = match self.cache.lock().unwrap().get_attrs(parent) {
-            Some(c) => c.attrs.mode,
-            None => None,
-        };
-        let parent_mode = match parent_mode {
+        let cached = self
+            .cache
+            .lock()
+            .unwrap()
+            .get_attrs(parent)
+            .and_then(|c| c.attrs.mode);
+        let parent_mode = match cached {
             Some(m) => m,
             None => {
                 self.remote

@@ -212,14 +212,14 @@ impl SmallFileAhead {
         (slot, more)
     }
 
-    /// `dir` is being opened for listing: whether its small files should be fetched now
-    /// (only while a tool is reading through files: the walk is about to read this one).
     /// Tests make the window long, so that they do not depend on how fast they run.
     #[cfg(test)]
     pub fn set_reading_window(&self, window: Duration) {
         self.state.lock().unwrap().reading_window = window;
     }
 
+    /// `dir` is being opened for listing: whether its small files should be fetched now
+    /// (only while a tool is reading through files: the walk is about to read this one).
     pub fn listing(&self) -> bool {
         self.state.lock().unwrap().reading_through()
     }
