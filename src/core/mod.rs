@@ -1492,6 +1492,15 @@ impl<R: Remote> Fs<R> {
         Ok(target)
     }
 
+    /// The mode of `ino` as the attribute cache knows it (nothing if not cached or expired).
+    fn cached_mode(&self, ino: Ino) -> Option<u32> {
+        self.cache
+            .lock()
+            .unwrap()
+            .get_attrs(ino)
+            .and_then(|c| c.attrs.mode)
+    }
+
     /// Who a new file, directory or symlink that the server made for `caller` in `parent`
     /// (with `attrs`) should belong to, if not to whom it belongs now. On a local disk it
     /// belongs to its maker: the caller's uid, and its gid, or the directory's group in a
@@ -1515,13 +1524,7 @@ impl<R: Remote> Fs<R> {
         if attrs.uid != Some(0) {
             return None;
         }
-        let cached = self
-            .cache
-            .lock()
-            .unwrap()
-            .get_attrs(parent)
-            .and_then(|c| c.attrs.mode);
-        let parent_mode = match cached {
+        let parent_mode = match self.cached_mode(parent) {
             Some(m) => m,
             None => {
                 self.remote
@@ -1763,12 +1766,7 @@ impl<R: Remote> Fs<R> {
         // A sticky directory refuses to remove other users' files, and one without write
         // permission refuses everyone but root: ask the server. (Its attributes are often not
         // known here, since each unlink changes its mtime; then a refusal is reported late.)
-        let parent_mode = self
-            .cache
-            .lock()
-            .unwrap()
-            .get_attrs(parent)
-            .and_then(|a| a.attrs.mode);
+        let parent_mode = self.cached_mode(parent);
         if parent_mode.is_some_and(|m| m & libc::S_ISVTX != 0 || m & 0o222 == 0) {
             return false;
         }
