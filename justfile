@@ -53,11 +53,11 @@ bench:
     scripts/ensure-deps.sh --fuse
     scripts/bench.sh
 
-# pjdfstest (built by you, not part of this repository) on awcp-mount and sshfs, as root:
-# just conformance /path/to/pjdfstest (see docs/SEMANTICS.md)
-conformance PJDFSTEST_DIR:
+# pjdfstest or fsx (built by you, not part of this repository) on awcp-mount and sshfs, as
+# root: just conformance /path/to/pjdfstest, or /path/to/fsx (see docs/SEMANTICS.md)
+conformance SUITE:
     scripts/ensure-deps.sh --fuse
-    scripts/conformance.sh "{{PJDFSTEST_DIR}}"
+    scripts/conformance.sh "{{SUITE}}"
 
 # Unmount leftover awcp mounts (fstype fuse.awcp, nothing else; machine-wide unless DIR)
 clean-mounts *dir:
