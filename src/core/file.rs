@@ -700,6 +700,15 @@ impl<R: Remote> OpenFile<R> {
     /// Wait until every write of the file queued so far (through any descriptor) has been
     /// answered: their failures are latched by then, for whoever [`OpenFile::tell`]s them.
     pub async fn settle(self: &Arc<Self>, fs: &Arc<Fs<R>>) {
+        // Nothing queued, in flight or lost: every answer is in and its failure latched
+        // (a job stays counted in `queued` until its chunks hold window permits, and an
+        // answer latches its failure, or keeps the write to send again, before it lets go of
+        // its permit). Then there is nothing to wait for, and no reason to send a barrier to
+        // the writer task: that hand-off to the network thread and back was most of the cost
+        // of a close, and of the close of every descriptor `mmap` duplicates.
+        if !self.stream.pending() {
+            return;
+        }
         let has_writer = self.stream.writer.lock().unwrap().is_some();
         if has_writer {
             let (done, rx) = oneshot::channel();

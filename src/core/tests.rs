@@ -1175,6 +1175,39 @@ async fn wb_failure_of_a_performed_write_is_reported() {
     h.fs.release(fh).await.ok();
 }
 
+/// A close waits for a write that is on the wire, its answer not yet back, and reports its
+/// failure: nothing is queued for the writer any more then, only the answer is missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_close_waits_for_the_answer_of_a_write_on_the_wire() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"good").await;
+    h.fs.flush(fh).await.unwrap();
+
+    h.plan.hold_replies(ROp::Write);
+    h.plan
+        .fail_next_after_performing(ROp::Write, 1, failure("refused late"));
+    // Answered when queued (the early-answer budget has room), then sent.
+    h.fs.write(fh, 4, b"late").await.unwrap();
+    h.plan.until_held(ROp::Write, 1).await;
+    // Held, the answer never comes: a close that does not wait for it would be done at once.
+    let early = tokio::time::timeout(Duration::from_millis(200), h.fs.flush(fh)).await;
+    assert!(
+        early.is_err(),
+        "a close returned {early:?} while a write's answer was still on its way"
+    );
+    h.plan.release(ROp::Write);
+    let flushed = h.fs.flush(fh).await;
+    assert_eq!(
+        flushed.map_err(|e| e.errno),
+        Err(libc::EIO),
+        "the close after a write that failed on the wire"
+    );
+    // Told once; nothing is pending now, and the next close is clean.
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_getattr_during_in_flight_writes_shows_the_written_size() {
     let h = Harness::new();

@@ -681,6 +681,7 @@ impl<R: Remote> FaultyRemote<R> {
         let plan = Arc::clone(&self.plan);
         Ok(Box::pin(async move {
             let result = ack.await;
+            plan.pass_reply_hold(op).await;
             plan.verdict(ticket)?;
             result
         }))
