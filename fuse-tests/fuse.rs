@@ -506,6 +506,24 @@ fn rm_rf_and_unlinks_answered_early_reach_the_server() {
     assert!(!names(&m.mnt).contains(&OsString::from("synced")));
 }
 
+/// `rm -rf` of a directory the mount's cached listing shows empty, in which a file was put on
+/// the server meanwhile: the server refuses (ENOTEMPTY), and from then on the directory shows
+/// what is in the way, at once rather than when the listing would have expired.
+#[test]
+fn a_directory_refused_as_not_empty_shows_what_is_in_it() {
+    let m = TestMount::start(&[]);
+    fs::create_dir(m.p("d")).unwrap();
+    assert!(names(&m.p("d")).is_empty());
+    fs::write(m.e("d/made-on-server"), b"x").unwrap();
+    assert!(
+        names(&m.p("d")).is_empty(),
+        "the listing is cached (the premise of this test)"
+    );
+    assert_errno(fs::remove_dir_all(m.p("d")), libc::ENOTEMPTY, "rm -rf");
+    assert_eq!(names(&m.p("d")), [OsString::from("made-on-server")]);
+    assert_eq!(fs::read(m.p("d/made-on-server")).unwrap(), b"x");
+}
+
 /// tar sets the mtime and mode of every file it extracts through the descriptor that created
 /// it; the mount queues those behind the writes. On the server, every file must end up with
 /// its content, mode and mtime, read-only ones too.

@@ -488,6 +488,7 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
                 Ok(items) => items,
                 Err(e) => return reply.error(errno(&e)),
             };
+            fs.fill_unknown_attrs(ino.0, &items).await;
             for item in items {
                 if item.attrs.is_none() {
                     // "." and "..": the kernel takes no reference for these.

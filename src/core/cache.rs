@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 
 use super::inode::Ino;
-use crate::remote::{Attrs, DirEntry};
+use crate::remote::{Attrs, DirEntry, FileKind};
 
 /// Time-to-live settings (also what the kernel is told for its own caches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -260,6 +260,26 @@ impl MetaCache {
         self.attrs.pop(&parent);
     }
 
+    /// The server contradicted what is cached of `dir`: it refused to remove the directory,
+    /// or to rename one over it, as not empty, so names were added there on the server. What
+    /// we knew of its names (its listing, names known to be absent) is dropped, so that the
+    /// next look (`ls` after the failed `rm -rf`) asks the server, and a listing on its way
+    /// from before is not trusted either.
+    pub fn listing_contradicted(&mut self, dir: Ino) {
+        self.names_changed_in(dir);
+        self.dirs.pop(&dir);
+        self.attrs.pop(&dir);
+        let absent: Vec<_> = self
+            .negative
+            .iter()
+            .filter(|((parent, _), _)| *parent == dir)
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in absent {
+            self.negative.pop(&key);
+        }
+    }
+
     /// `entry` was created in `parent` through the mount. A cached listing of `parent` stays
     /// valid with the entry added (so lookups of the next names created there, which the
     /// kernel makes before every create, need no round trip).
@@ -363,6 +383,29 @@ impl MetaCache {
                 match attrs {
                     Some(a) => e.attrs = a,
                     None => e.attrs.size = None,
+                }
+            }
+        }
+    }
+
+    /// Attributes of a regular file fetched from the server since its last change through
+    /// the mount fill its listing entry if that entry's attributes are unknown (see
+    /// [`MetaCache::listing_update`]), so that the next walk of the directory (`du`, `find`,
+    /// `ls -l` within the listing's lifetime) is answered from the listing instead of asking
+    /// the server again for every file it wrote. Only a regular file whose entry is one too:
+    /// a symlink's entry is the link itself, whatever the fetch followed.
+    pub fn listing_fill(&mut self, parent: Ino, name: &OsStr, attrs: Attrs) {
+        if attrs.file_type() != FileKind::File {
+            return;
+        }
+        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
+            let unknown = |e: &DirEntry| {
+                e.name == name && e.attrs.size.is_none() && e.attrs.file_type() == FileKind::File
+            };
+            if listing.iter().any(unknown) {
+                let listing = Arc::make_mut(listing);
+                if let Some(e) = listing.iter_mut().find(|e| unknown(e)) {
+                    e.attrs = attrs;
                 }
             }
         }

@@ -208,6 +208,9 @@ pub struct Stats {
 const MAX_DIR_PREFETCHES: usize = 512;
 /// How many of them are fetched at once (each holds a server handle meanwhile).
 const MAX_DIR_LISTINGS_AHEAD: usize = 32;
+/// How many unknown attributes one readdirplus batch asks for at once (see
+/// `fill_unknown_attrs`): a reply to the kernel (32 KiB) holds about 200 entries.
+const FILL_AT_ONCE: usize = 256;
 
 struct DirHandle {
     ino: Ino,
@@ -923,13 +926,19 @@ impl<R: Remote> Fs<R> {
 
     /// Cache attributes fetched when the change clock read `since`, unless the inode changed
     /// through the mount meanwhile (then they may predate that change) or has writes in flight.
+    /// They also fill its names' listing entries left unknown by a change (see
+    /// [`MetaCache::listing_fill`]).
     fn cache_attrs_from(&self, ino: Ino, attrs: CachedAttrs, since: u64) {
         if !self.writers_of(ino).is_empty() {
             return;
         }
+        let names = self.inodes.lock().unwrap().names_of(ino);
         let mut cache = self.cache.lock().unwrap();
         if !cache.changed_since(ino, since) {
             cache.put_attrs(ino, attrs);
+            for (parent, name) in names {
+                cache.listing_fill(parent, &name, attrs.attrs);
+            }
         }
     }
 
@@ -1844,12 +1853,25 @@ impl<R: Remote> Fs<R> {
             result = self.remote.rmdir(&path).await;
         }
         if let Err(e) = result {
-            return Err(self.explain(Op::Rmdir, e, &path, None).await);
+            let err = self.explain(Op::Rmdir, e, &path, None).await;
+            if err.errno == libc::ENOTEMPTY {
+                let dir = self.inodes.lock().unwrap().child(parent, name);
+                self.listing_contradicted(dir);
+            }
+            return Err(err);
         }
         self.enforcer.quota.release_entry(None, 0);
         self.removed(parent, name);
         self.inodes.lock().unwrap().subdirs_changed(parent, -1);
         Ok(())
+    }
+
+    /// The server refused to remove directory `dir` (or to rename one over it) as not
+    /// empty: see [`MetaCache::listing_contradicted`].
+    fn listing_contradicted(&self, dir: Option<Ino>) {
+        if let Some(dir) = dir {
+            self.cache.lock().unwrap().listing_contradicted(dir);
+        }
     }
 
     /// `name` in `parent` was removed through the mount: the inode loses that name (and a
@@ -1972,6 +1994,9 @@ impl<R: Remote> Fs<R> {
                 && self.probe_kind(&to).await.is_some()
             {
                 err.errno = libc::EEXIST;
+            }
+            if err.errno == libc::ENOTEMPTY {
+                self.listing_contradicted(target);
             }
             return Err(err);
         }
@@ -3094,6 +3119,48 @@ impl<R: Remote> Fs<R> {
             .unwrap()
             .child(parent, name)
             .unwrap_or(u64::MAX)
+    }
+
+    /// Before a readdirplus batch: fetch at once the attributes of the regular files in
+    /// `items` whose listing entries a change through the mount left unknown (a file
+    /// written since the listing was taken), which [`Fs::readdirplus_entry`] would otherwise
+    /// ask the server for one after another: after `git checkout`, `tar x` or a build, the
+    /// first `du`, `find -size` or `ls -l` of the tree would wait one round trip per file.
+    /// What comes back fills the listing ([`Fs::cache_attrs_from`]), where the entries'
+    /// lookups find it. Only names the kernel holds an inode for (a change through the mount
+    /// gave them one): the change clock of the inode tells whether an answer predates a
+    /// later change. At most [`FILL_AT_ONCE`], about what one reply to the kernel holds.
+    pub async fn fill_unknown_attrs(self: &Arc<Self>, parent: Ino, items: &[DirItem]) {
+        let Ok(dir) = self.path_of(parent) else {
+            return;
+        };
+        let wanted: Vec<(Ino, &OsStr)> = {
+            let inodes = self.inodes.lock().unwrap();
+            items
+                .iter()
+                .filter(|i| {
+                    i.attrs
+                        .is_some_and(|a| a.size.is_none() && a.file_type() == FileKind::File)
+                })
+                .filter_map(|i| Some((inodes.child(parent, &i.name)?, i.name.as_os_str())))
+                .take(FILL_AT_ONCE)
+                .collect()
+        };
+        if wanted.len() < 2 {
+            // One is asked for by its lookup as soon.
+            return;
+        }
+        let since = self.cache.lock().unwrap().now();
+        let paths: Vec<PathBuf> = wanted.iter().map(|(_, name)| dir.join(name)).collect();
+        let answers =
+            futures_util::future::join_all(paths.iter().map(|p| self.remote.lstat(p))).await;
+        for ((ino, _), answer) in wanted.into_iter().zip(answers) {
+            if let Ok(attrs) = answer {
+                if attrs.file_type() == FileKind::File {
+                    self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since);
+                }
+            }
+        }
     }
 
     /// readdirplus: the kernel takes a lookup reference for each entry it is given. With

@@ -2986,11 +2986,14 @@ async fn large_read_is_split_and_reassembled_with_a_short_read_at_eof() {
 
 // ------------------------------------------------------------------------------ hard links
 
-/// What `ls -l` does through readdirplus: every entry of `dir` with the entry it produced.
+/// What `ls -l` does through readdirplus (as the FUSE adapter answers it): every entry of
+/// `dir` with the entry it produced.
 async fn list_plus(h: &Harness, dir: Ino) -> Vec<(OsString, super::Entry)> {
     let dh = h.fs.opendir(dir).await.unwrap();
     let mut out = Vec::new();
-    for item in h.fs.readdir(dh, 0).await.unwrap() {
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    h.fs.fill_unknown_attrs(dir, &items).await;
+    for item in items {
         if item.attrs.is_some() {
             let e = h.fs.readdirplus_entry(dir, &item).await.unwrap();
             out.push((item.name.clone(), e));
@@ -3222,6 +3225,106 @@ async fn posix_mkdir_in_a_setgid_directory_keeps_setgid() {
 }
 
 /// A directory's link count is 2 plus its subdirectories, as on a local disk, and follows
+/// Files written through the mount leave their listing entries' attributes unknown. The
+/// first walk of the directory (`du`, `ls -l`) fetches them all at once, not one round trip
+/// per file, and keeps them in the listing: the next walk asks the server nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_attributes_a_write_left_unknown_are_fetched_at_once_and_kept() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    assert!(list_plus(&h, d).await.is_empty());
+    for (i, name) in ["a", "b", "c", "e"].iter().enumerate() {
+        let (_, fh) = h.create(d, name).await;
+        h.write(fh, 0, &vec![b'x'; 100 * (i + 1)]).await;
+        h.fs.release(fh).await.unwrap();
+    }
+    let sizes = |l: &[(OsString, super::Entry)]| {
+        let mut v: Vec<_> = l.iter().map(|(n, e)| (n.clone(), e.attr.size)).collect();
+        v.sort();
+        v
+    };
+    let want: Vec<(OsString, u64)> = [("a", 100), ("b", 200), ("c", 300), ("e", 400)]
+        .iter()
+        .map(|(n, s)| (OsString::from(n), *s))
+        .collect();
+
+    // All four asked for before any answer comes: held, they must all reach the hold.
+    h.plan.hold(ROp::Lstat);
+    let before = h.plan.calls(ROp::Lstat);
+    let walk = {
+        let fs = h.fs.clone();
+        let items = {
+            let dh = fs.opendir(d).await.unwrap();
+            let items = fs.readdir(dh, 0).await.unwrap();
+            fs.releasedir(dh);
+            items
+        };
+        tokio::spawn(async move { fs.fill_unknown_attrs(d, &items).await })
+    };
+    h.plan.until_held(ROp::Lstat, 4).await;
+    h.plan.release(ROp::Lstat);
+    walk.await.unwrap();
+    assert_eq!(h.plan.calls(ROp::Lstat) - before, 4);
+    assert_eq!(sizes(&list_plus(&h, d).await), want);
+    assert_eq!(
+        h.plan.calls(ROp::Lstat) - before,
+        4,
+        "the entries' lookups asked again for what the fill fetched"
+    );
+    // The next walk is answered from the listing.
+    assert_eq!(sizes(&list_plus(&h, d).await), want);
+    assert_eq!(
+        h.plan.calls(ROp::Lstat) - before,
+        4,
+        "a second walk asked the server again"
+    );
+    // A later write makes its entry unknown again, and its new size is fetched.
+    let a = h.lookup(d, "a").await;
+    let fh = h.open(a, libc::O_WRONLY).await;
+    h.write(fh, 100, b"more").await;
+    h.fs.release(fh).await.unwrap();
+    let listed = sizes(&list_plus(&h, d).await);
+    assert_eq!(listed[0], (OsString::from("a"), 104));
+}
+
+/// A directory the cached listing shows empty, which the server refuses to remove as not
+/// empty (a file was put there on the server): the listing is dropped, so that `ls` after the
+/// failed `rm -rf` shows what is in the way, as does a lookup of it. The same when a
+/// directory renamed over it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_a_directory_refused_as_not_empty_is_listed_afresh() {
+    let h = Harness::new();
+    for (target, how) in [("d", "rmdir"), ("t", "rename over it")] {
+        let dir = h.mkdir(ROOT, target).await;
+        assert!(list_plus(&h, dir).await.is_empty());
+        std::fs::write(h.disk(format!("{target}/made-on-server")), b"x").unwrap();
+        assert!(
+            h.fs.lookup(dir, OsStr::new("made-on-server"))
+                .await
+                .is_err(),
+            "the cached listing is what answers (the premise of this test)"
+        );
+        let refused = match how {
+            "rmdir" => h.fs.rmdir(ROOT, OsStr::new(target)).await,
+            _ => {
+                h.mkdir(ROOT, "src").await;
+                h.fs.rename(ROOT, OsStr::new("src"), ROOT, OsStr::new(target), 0)
+                    .await
+            }
+        };
+        assert_eq!(refused.map_err(|e| e.errno), Err(libc::ENOTEMPTY), "{how}");
+        let names: Vec<_> = list_plus(&h, dir)
+            .await
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(names, ["made-on-server"], "listed after the refused {how}");
+        h.fs.lookup(dir, OsStr::new("made-on-server"))
+            .await
+            .unwrap_or_else(|e| panic!("lookup after the refused {how}: {e}"));
+    }
+}
+
 /// mkdir, rmdir and renames of directories through the mount (SFTP's attributes carry no link
 /// count: the mount keeps it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
