@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 
 use super::inode::Ino;
-use crate::remote::{Attrs, DirEntry, FileKind};
+use crate::remote::{Attrs, DirEntry, FileKind, StatVfs};
 
 /// Time-to-live settings (also what the kernel is told for its own caches).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +89,9 @@ pub struct MetaCache {
     /// it), so every name change drops them all: a walk ahead is for trees nobody changes.
     dirs_ahead: LruCache<PathBuf, ListedAhead>,
     links: LruCache<Ino, (PathBuf, Instant)>,
+    /// The server's `statvfs`, until when it is good, and the change clock when it was asked
+    /// for (see [`MetaCache::get_statvfs`]).
+    statvfs: Option<(StatVfs, Instant, u64)>,
 }
 
 fn cap(n: usize) -> NonZeroUsize {
@@ -114,6 +117,7 @@ impl MetaCache {
             dirs: LruCache::new(dir_cap(&config)),
             dirs_ahead: LruCache::new(dir_cap(&config)),
             links: LruCache::new(cap(config.max_entries / 4)),
+            statvfs: None,
         }
     }
 
@@ -159,6 +163,9 @@ impl MetaCache {
         self.links
             .iter_mut()
             .for_each(|(_, (_, until))| *until = now);
+        if let Some((_, until, _)) = &mut self.statvfs {
+            *until = now;
+        }
     }
 
     pub fn get_attrs(&mut self, ino: Ino) -> Option<CachedAttrs> {
@@ -178,6 +185,25 @@ impl MetaCache {
         }
         self.attrs
             .put(ino, (attrs, Instant::now() + self.config.attr_ttl));
+    }
+
+    /// The server's free space and file counts as last asked, for `statfs`: good for the
+    /// attribute lifetime, and only while nothing changed through the mount (a write, create
+    /// or remove moves them). `find`, `du`, `rm -rf` and `chmod -R` (gnulib's fts) each ask
+    /// once per run, to decide how to walk, and would otherwise wait a round trip for it.
+    pub fn get_statvfs(&self) -> Option<StatVfs> {
+        match self.statvfs {
+            Some((v, until, clock)) if until > Instant::now() && clock == self.clock => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Keep a `statvfs` asked for when the change clock read `since`, unless something
+    /// changed through the mount while it was on its way.
+    pub fn put_statvfs(&mut self, v: StatVfs, since: u64) {
+        if !self.config.attr_ttl.is_zero() && since == self.clock {
+            self.statvfs = Some((v, Instant::now() + self.config.attr_ttl, since));
+        }
     }
 
     /// The change clock now: pass it to [`MetaCache::changed_since`] after a fetch.
@@ -439,6 +465,7 @@ impl MetaCache {
 
     /// Drop everything (e.g. after a reconnect, when the server may have changed under us).
     pub fn clear(&mut self) {
+        self.statvfs = None;
         self.attrs.clear();
         self.negative.clear();
         self.dirs.clear();

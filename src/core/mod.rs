@@ -3199,7 +3199,17 @@ impl<R: Remote> Fs<R> {
     // ---------------------------------------------------------------- misc
 
     pub async fn statfs(&self) -> FsResult<StatFs> {
-        match self.remote.statvfs(&self.root).await {
+        let (cached, since) = {
+            let cache = self.cache.lock().unwrap();
+            (cache.get_statvfs(), cache.now())
+        };
+        let fetched = match cached {
+            Some(v) => Ok(v),
+            None => self.remote.statvfs(&self.root).await.inspect(|v| {
+                self.cache.lock().unwrap().put_statvfs(*v, since);
+            }),
+        };
+        match fetched {
             Ok(v) => Ok(self.with_quota(StatFs {
                 blocks: v.blocks,
                 bfree: v.bfree,

@@ -762,6 +762,38 @@ async fn cache_changes_through_the_core_are_visible_at_once() {
     assert_eq!(h.open_handles().await, 0);
 }
 
+/// statfs asks the server once per attribute lifetime while nothing changes through the mount
+/// (fts, under `find`, `du` and `rm -rf`, asks once per run); a create, a write, or the
+/// lifetime running out makes the next one ask again. The quota's share is never cached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_statfs_until_a_change_or_the_ttl() {
+    let h = Harness::new();
+    let asked = || h.plan.calls(ROp::Statvfs);
+    let first = h.fs.statfs().await.unwrap();
+    let n = asked();
+    assert_eq!(h.fs.statfs().await.unwrap(), first);
+    assert_eq!(asked(), n, "asked again with nothing changed");
+
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.fs.statfs().await.unwrap();
+    assert_eq!(asked(), n + 1, "after a create");
+    h.write(fh, 0, &vec![7u8; 1 << 20]).await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.statfs().await.unwrap();
+    assert_eq!(asked(), n + 2, "after a write");
+    h.fs.statfs().await.unwrap();
+    assert_eq!(
+        asked(),
+        n + 2,
+        "asked again with nothing changed since the write"
+    );
+    h.fs.release(fh).await.unwrap();
+
+    h.fs.expire_cache();
+    h.fs.statfs().await.unwrap();
+    assert_eq!(asked(), n + 3, "after the lifetime");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_getattr_within_ttl_stays_local_and_after_ttl_asks() {
     // Long TTLs, run out on demand (`expire_cache`): no stall can end them early. The TTLs
