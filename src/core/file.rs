@@ -654,6 +654,20 @@ impl<R: Remote> OpenFile<R> {
         self.stream.pending()
     }
 
+    /// Whether every write of the file so far is on the wire through this descriptor's own
+    /// handle: none waits in the writer task (a job leaves `queued` only once all its chunks
+    /// were handed to the channel), none went on a stripe lane, none was lost with a
+    /// connection. A request sent through the same handle now is then carried out after
+    /// them: one handle lives on one SFTP channel, whose sftp-server process serves requests
+    /// in the order they arrive, and the channel sends in the order requests are queued. A
+    /// read or fstat need not wait for their answers to see them. The caller makes sure no
+    /// other descriptor of the file has writes on the way (it may be on another channel).
+    pub fn writes_ahead_on_own_handle(&self) -> bool {
+        self.stream.queued.load(Ordering::Acquire) == 0
+            && !self.stream.has_lost_writes()
+            && !matches!(*self.lanes.lock().unwrap(), Lanes::Open(_))
+    }
+
     /// Queue a write through this descriptor. Returns `None` if the descriptor is being closed;
     /// otherwise where its answer will come, or `Some(None)` if it may be answered now: it
     /// fits in the queue ([`EARLY_ANSWER_BYTES`]) and no failure waits to be reported here.

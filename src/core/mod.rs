@@ -1150,10 +1150,8 @@ impl<R: Remote> Fs<R> {
         }
         if let Some(file) = file {
             // An open file is asked through its handle: that works after unlink, too. Writes
-            // still in flight are waited for, so the size shown includes them.
-            if file.writes_pending() {
-                file.settle(self).await;
-            }
+            // still in flight land first, so the size shown includes them.
+            self.ready_behind_writes(&file).await;
             let remote = &self.remote;
             let fstat = self
                 .with_handle(&file, |h| async move { remote.fstat(&h).await })
@@ -1224,6 +1222,28 @@ impl<R: Remote> Fs<R> {
         if let Some(f) = self.writers_of(ino).into_iter().next() {
             f.settle(self).await;
         }
+    }
+
+    /// Before a request through `file`'s handle that must see every write of the file so
+    /// far (a read, an fstat): wait for the writes' answers, unless the request is carried
+    /// out after them anyway, which is when they all went through this same handle
+    /// ([`OpenFile::writes_ahead_on_own_handle`]) and no other descriptor of the file is
+    /// open to have put any elsewhere. A linker reading back the file it writes, a database
+    /// reading the pages it just wrote, then wait one round trip per read, not two.
+    async fn ready_behind_writes(self: &Arc<Self>, file: &Arc<OpenFile<R>>) {
+        if file.writes_pending() && !self.goes_behind_writes(file) {
+            self.drain_inode(file.ino).await;
+        }
+    }
+
+    /// Whether a request sent through `file`'s handle now is carried out after every write
+    /// of the file so far (see [`Fs::ready_behind_writes`]).
+    fn goes_behind_writes(&self, file: &OpenFile<R>) -> bool {
+        let alone = {
+            let files = self.files.lock().unwrap();
+            files.values().filter(|f| f.ino == file.ino).count() == 1
+        };
+        alone && file.writes_ahead_on_own_handle()
     }
 
     /// The server may not have seen every write yet: never show a size below what was written.
@@ -2656,8 +2676,8 @@ impl<R: Remote> Fs<R> {
         }
         let file = self.file(fh)?;
         // Read-your-writes: writes of this file acknowledged to any application (on any
-        // handle, which may be on another SFTP channel) land before the read is sent.
-        self.drain_inode(file.ino).await;
+        // handle, which may be on another SFTP channel) land before the read is carried out.
+        self.ready_behind_writes(&file).await;
         self.with_handle(&file, |h| async move {
             self.read_chunks(&h, offset, size).await
         })
@@ -2826,10 +2846,27 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let file = self.file(fh)?;
-        file.settle(self).await;
         // Whoever's close saw a failure first, fsync has not been told of it: it reports it,
         // and then the opener's close need not.
         let everyone = [Told::Fsync, Told::Opener, Told::Writes];
+        if file.writes_pending() && self.goes_behind_writes(&file) {
+            // The FSYNC goes out at once behind the writes on their handle, which the server
+            // carries out first; its answer comes after theirs: one round trip, not two. If
+            // anything is unusual on the way (it fails, or a lost connection made writes go
+            // again, maybe after it), the ordinary way below is taken.
+            let sent_again = self.stats.writes_sent_again.load(Ordering::Relaxed);
+            let synced = self.remote.fsync(&file.handle().await).await;
+            file.settle(self).await;
+            let clean = matches!(synced, Ok(()) | Err(RemoteError::Unsupported(_)))
+                && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
+            if clean {
+                return match file.tell(Told::Fsync, &everyone) {
+                    Some(failure) => Err(self.write_failure(&file, failure).await),
+                    None => Ok(()),
+                };
+            }
+        }
+        file.settle(self).await;
         if let Some(failure) = file.tell(Told::Fsync, &everyone) {
             return Err(self.write_failure(&file, failure).await);
         }

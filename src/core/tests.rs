@@ -1207,6 +1207,101 @@ async fn wb_failure_of_a_performed_write_is_reported() {
     h.fs.release(fh).await.ok();
 }
 
+/// A read or stat through the descriptor that wrote goes out behind its writes on the same
+/// handle, which the server carries out in order: it does not wait for their answers. Through
+/// another descriptor of the file (maybe another channel) it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_read_through_the_writing_descriptor_goes_behind_its_writes() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"first").await;
+    h.fs.flush(fh).await.unwrap();
+
+    // Performed by the server, the answers held.
+    h.plan.hold_replies(ROp::Write);
+    h.write(fh, 5, b"-second").await;
+    h.plan.until_held(ROp::Write, 1).await;
+    let quick = Duration::from_secs(10);
+    let read = tokio::time::timeout(quick, h.fs.read(fh, 0, 100)).await;
+    assert_eq!(
+        read.expect("the read waited for the write's answer")
+            .unwrap(),
+        b"first-second"
+    );
+    let attr = tokio::time::timeout(quick, h.fs.getattr(f, Some(fh))).await;
+    assert_eq!(
+        attr.expect("the stat waited for the write's answer")
+            .unwrap()
+            .0
+            .size,
+        12
+    );
+
+    // A second descriptor: its read waits for the answers (it may go another way).
+    let other = h.open(f, libc::O_RDONLY).await;
+    let waiting = {
+        let fs = h.fs.clone();
+        tokio::spawn(async move { fs.read(other, 0, 100).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a read through another descriptor did not wait for the writes' answers"
+    );
+    h.plan.release(ROp::Write);
+    assert_eq!(waiting.await.unwrap().unwrap(), b"first-second");
+    h.fs.release(other).await.unwrap();
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
+/// fsync through the descriptor that wrote sends its FSYNC behind the writes at once (the
+/// server carries them out in order) instead of after their answers, and still returns only
+/// once they are answered, reporting a failure among them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_fsync_goes_behind_its_writes_and_still_reports_them() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    h.write(fh, 0, b"first").await;
+    h.fs.flush(fh).await.unwrap();
+
+    for fails in [false, true] {
+        h.plan.hold_replies(ROp::Write);
+        if fails {
+            h.plan
+                .fail_next_after_performing(ROp::Write, 1, failure("refused late"));
+        }
+        h.write(fh, 5, b"-more").await;
+        h.plan.until_held(ROp::Write, 1).await;
+        let before = h.plan.calls(ROp::Fsync);
+        let fsync = {
+            let fs = h.fs.clone();
+            tokio::spawn(async move { fs.fsync(fh).await })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while h.plan.calls(ROp::Fsync) == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "FSYNC waited for the write's answer"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !fsync.is_finished(),
+            "fsync returned before the write's answer"
+        );
+        h.plan.release(ROp::Write);
+        let result = fsync.await.unwrap().map_err(|e| e.errno);
+        match fails {
+            false => assert_eq!(result, Ok(())),
+            true => assert_eq!(result, Err(libc::EIO), "a write that failed on the wire"),
+        }
+    }
+    h.fs.flush(fh).await.ok();
+    h.fs.release(fh).await.ok();
+}
+
 /// A close waits for a write that is on the wire, its answer not yet back, and reports its
 /// failure: nothing is queued for the writer any more then, only the answer is missing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1630,6 +1725,34 @@ async fn stripe_large_sequential_write_lands_byte_exact() {
     h.fs.fsync(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0, "lanes left open on the server");
+}
+
+/// A read through the descriptor right after a striped run waits for the lane chunks: they
+/// went through other handles (other channels on a real server), which nothing orders before
+/// a request through its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stripe_a_read_after_a_striped_run_sees_the_lanes_chunks() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "f").await;
+    // Lane chunks sent at once, carried out 300 ms later.
+    h.plan
+        .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(300)));
+    let data = stripe_pattern(3, 12 * 1024 * 1024);
+    write_mib_by_mib(&h, fh, 0, &data).await;
+    // Long enough for the writer to have sent everything (nothing is queued any more), not
+    // for the lanes to have carried it out.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(striped(&h) > 0, "the run was not striped");
+    let got = h.fs.read(fh, 0, data.len() as u32).await.unwrap();
+    let first_difference = got.iter().zip(&data).position(|(a, b)| a != b);
+    assert!(
+        got.len() == data.len() && first_difference.is_none(),
+        "read {} of {} bytes, first difference at {first_difference:?}",
+        got.len(),
+        data.len()
+    );
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
 }
 
 /// Chunks that land late, on a lane or on the descriptor's own handle, are still ordered

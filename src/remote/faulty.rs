@@ -572,6 +572,59 @@ pub struct FaultyRemote<R: Remote> {
     reaped: AtomicU64,
     /// Done when the last write delayed by a queue delay has been performed.
     delayed_tail: Mutex<Option<tokio::sync::oneshot::Receiver<()>>>,
+    /// Those writes not performed yet, by handle.
+    unperformed: Arc<Unperformed>,
+}
+
+/// Writes sent with a queue delay and not yet performed, by handle id. A read or fstat through
+/// the same handle waits for them, as a server does: one SFTP channel is served in the order
+/// its requests arrive, and a handle lives on one channel. (Across handles nothing is
+/// ordered, as across channels.)
+#[derive(Default)]
+struct Unperformed {
+    count: Mutex<HashMap<u64, usize>>,
+    performed: tokio::sync::Notify,
+}
+
+impl Unperformed {
+    fn sent(&self, id: u64) {
+        *self
+            .count
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id)
+            .or_default() += 1;
+    }
+
+    fn performed(&self, id: u64) {
+        let mut count = self.count.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = count.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                count.remove(&id);
+            }
+        }
+        drop(count);
+        self.performed.notify_waiters();
+    }
+
+    async fn none_before(&self, id: u64) {
+        loop {
+            let performed = self.performed.notified();
+            tokio::pin!(performed);
+            // Registered before the check, so a write performed in between is not missed.
+            performed.as_mut().enable();
+            if !self
+                .count
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(&id)
+            {
+                return;
+            }
+            performed.await;
+        }
+    }
 }
 
 impl<R: Remote> FaultyRemote<R> {
@@ -590,6 +643,7 @@ impl<R: Remote> FaultyRemote<R> {
             next_id: AtomicU64::new(0),
             reaped,
             delayed_tail: Mutex::new(None),
+            unperformed: Arc::default(),
         }
     }
 
@@ -759,6 +813,7 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     }
 
     async fn fstat(&self, handle: &Self::Handle) -> RemoteResult<Attrs> {
+        self.unperformed.none_before(handle.id).await;
         self.forward_handle(Op::Fstat, handle, || self.inner.fstat(&handle.inner))
             .await
     }
@@ -873,6 +928,7 @@ impl<R: Remote> Remote for FaultyRemote<R> {
             Some(max) => len.min(max),
             None => len,
         };
+        self.unperformed.none_before(handle.id).await;
         self.forward_handle(Op::Read, handle, || {
             self.inner.read(&handle.inner, offset, len)
         })
@@ -905,14 +961,18 @@ impl<R: Remote> Remote for FaultyRemote<R> {
                 .unwrap_or_else(PoisonError::into_inner)
                 .replace(tail);
             let inner = Arc::clone(&self.inner);
+            let id = handle.id;
             let handle = handle.inner.clone();
             let plan = Arc::clone(&self.plan);
+            let unperformed = Arc::clone(&self.unperformed);
+            unperformed.sent(id);
             return Ok(Box::pin(async move {
                 tokio::time::sleep(delay).await;
                 if let Some(previous) = previous {
                     let _ = previous.await;
                 }
                 let result = inner.write(&handle, offset, data).await;
+                unperformed.performed(id);
                 let _ = done.send(());
                 plan.verdict(ticket)?;
                 result
@@ -936,6 +996,7 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     }
 
     async fn fsync(&self, handle: &Self::Handle) -> RemoteResult<()> {
+        self.unperformed.none_before(handle.id).await;
         self.forward_handle(Op::Fsync, handle, || self.inner.fsync(&handle.inner))
             .await
     }
