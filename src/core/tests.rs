@@ -133,6 +133,14 @@ impl Harness {
             .await
     }
 
+    /// `f` in the root, created with `data` written and flushed: the descriptor stays open.
+    async fn create_written(&self, data: &[u8]) -> (Ino, u64) {
+        let (f, fh) = self.create(ROOT, "f").await;
+        self.write(fh, 0, data).await;
+        self.fs.flush(fh).await.unwrap();
+        (f, fh)
+    }
+
     async fn create_with(&self, parent: Ino, name: impl AsRef<OsStr>, flags: i32) -> (Ino, u64) {
         let name = name.as_ref();
         match self
@@ -1213,9 +1221,7 @@ async fn wb_failure_of_a_performed_write_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_a_read_through_the_writing_descriptor_goes_behind_its_writes() {
     let h = Harness::new();
-    let (f, fh) = h.create(ROOT, "f").await;
-    h.write(fh, 0, b"first").await;
-    h.fs.flush(fh).await.unwrap();
+    let (f, fh) = h.create_written(b"first").await;
 
     // Performed by the server, the answers held.
     h.plan.hold_replies(ROp::Write);
@@ -1261,9 +1267,7 @@ async fn wb_a_read_through_the_writing_descriptor_goes_behind_its_writes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_fsync_goes_behind_its_writes_and_still_reports_them() {
     let h = Harness::new();
-    let (_, fh) = h.create(ROOT, "f").await;
-    h.write(fh, 0, b"first").await;
-    h.fs.flush(fh).await.unwrap();
+    let (_, fh) = h.create_written(b"first").await;
 
     for fails in [false, true] {
         h.plan.hold_replies(ROp::Write);
@@ -1307,9 +1311,7 @@ async fn wb_fsync_goes_behind_its_writes_and_still_reports_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_a_close_waits_for_the_answer_of_a_write_on_the_wire() {
     let h = Harness::new();
-    let (_, fh) = h.create(ROOT, "f").await;
-    h.write(fh, 0, b"good").await;
-    h.fs.flush(fh).await.unwrap();
+    let (_, fh) = h.create_written(b"good").await;
 
     h.plan.hold_replies(ROp::Write);
     h.plan
