@@ -2279,8 +2279,9 @@ impl<R: Remote> Fs<R> {
             self.enforcer.quota.created(entry.attr.ino);
         }
         let fh = self.register_file(entry.attr.ino, flags, handle, req.pid);
-        if flags.exclusive && flags.write {
-            // Made just now by this descriptor: its mode and times may change behind its
+        if new && flags.write {
+            // Made just now by this descriptor (whether or not the application asked for
+            // O_EXCL, the create was exclusive): its mode and times may change behind its
             // writes (see `setattr_behind`).
             if let Some(f) = self.files.lock().unwrap().get(&fh) {
                 let kind = attrs.mode.unwrap_or(libc::S_IFREG) & libc::S_IFMT;

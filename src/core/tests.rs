@@ -4379,9 +4379,42 @@ async fn behind_a_refused_change_is_reported_at_close() {
     h.fs.release(fh).await.ok();
 }
 
-/// Not behind the writes (asked and waited for, as before): set-id bits, a chown, a file not
-/// created with O_EXCL by this descriptor, a file with a second descriptor, and a chmod whose
-/// answer would need an mtime that a write has changed since.
+/// A file made by an `open(O_CREAT)` without `O_EXCL` (SQLite's journal, `cp`, editors) is
+/// as much this descriptor's as one made with it: the create is exclusive underneath. Its
+/// owner-keeping `fchown` and its `fchmod` (made before any write, whose mtime the answer
+/// could not show) go behind the writes, no round trip each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_also_for_a_file_made_without_o_excl() {
+    let h = Harness::new();
+    let (ino, fh) = h.create(ROOT, "journal").await;
+    let before = h.plan.calls(ROp::Fsetstat) + h.plan.calls(ROp::Setstat);
+    h.plan.hold(ROp::Fsetstat);
+    let keep_owner = SetattrRequest {
+        uid: Some(0),
+        gid: Some(0),
+        ..Default::default()
+    };
+    let quick = Duration::from_secs(10);
+    tokio::time::timeout(quick, h.fs.setattr(ino, Some(fh), keep_owner))
+        .await
+        .expect("the owner-keeping chown waited for the server")
+        .unwrap();
+    let a = tokio::time::timeout(quick, h.fs.setattr(ino, Some(fh), chmod(0o600)))
+        .await
+        .expect("the chmod waited for the server")
+        .unwrap();
+    assert_eq!(a.perm, 0o600);
+    h.write(fh, 0, b"x").await;
+    h.plan.release(ROp::Fsetstat);
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert!(h.plan.calls(ROp::Fsetstat) + h.plan.calls(ROp::Setstat) > before);
+    assert_eq!(h.meta("journal").permissions().mode() & 0o7777, 0o600);
+}
+
+/// Not behind the writes (asked and waited for, as before): set-id bits, a chown, a file this
+/// descriptor's create did not make (it was there already), a file with a second descriptor,
+/// and a chmod whose answer would need an mtime that a write has changed since.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn behind_only_for_the_creators_mode_and_times() {
     let h = Harness::new();
@@ -4410,10 +4443,12 @@ async fn behind_only_for_the_creators_mode_and_times() {
     );
     h.fs.release(fh).await.ok();
 
-    let (ino, fh) = h.create(ROOT, "not-excl").await;
+    // O_CREAT without O_EXCL of a file that was there already: not made by this descriptor.
+    std::fs::write(h.disk("there-before"), b"old").unwrap();
+    let (ino, fh) = h.create(ROOT, "there-before").await;
     h.plan.fail_next(ROp::Fsetstat, 1, refuse());
     c.errno(
-        "chmod, no O_EXCL",
+        "chmod, a file that was there before the create",
         h.fs.setattr(ino, Some(fh), chmod(0o600)).await,
         libc::EPERM,
     );
