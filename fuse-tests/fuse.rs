@@ -619,6 +619,50 @@ fn server_changes_show_after_the_ttl() {
     );
 }
 
+/// The kernel keeps its cached pages of a file from one open to the next while they are
+/// younger than the attribute TTL and nothing shows a change (`keep_cache`): a second read
+/// does not cross the link. A change made on the server that neither the size nor the mtime
+/// shows (same length, mtime put back) is seen once the TTL has passed, as the TTL promises.
+#[test]
+fn file_pages_are_kept_across_opens_within_the_ttl() {
+    let data = pattern(7, 300_000);
+    {
+        // A TTL no stall of this machine can run out between two reads.
+        let m = TestMount::start(&["attr_timeout=3600", "entry_timeout=3600"]);
+        fs::write(m.e("f"), &data).unwrap();
+        assert_same_bytes(&fs::read(m.p("f")).unwrap(), &data, "first read");
+        let before = status_counter(&m.mnt, "bytes_read");
+        assert_same_bytes(&fs::read(m.p("f")).unwrap(), &data, "second read");
+        assert_same_bytes(&fs::read(m.p("f")).unwrap(), &data, "third read");
+        assert_eq!(
+            status_counter(&m.mnt, "bytes_read") - before,
+            0,
+            "the kernel's pages were dropped at an open"
+        );
+        // A change through the mount shows at once.
+        let f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();
+        f.write_all_at(b"through the mount", 1000).unwrap();
+        drop(f);
+        let got = fs::read(m.p("f")).unwrap();
+        assert_eq!(&got[1000..1017], b"through the mount");
+    }
+    let m = TestMount::start(&["attr_timeout=1", "entry_timeout=1"]);
+    fs::write(m.e("f"), &data).unwrap();
+    set_times(&m.e("f"), None, Some((1_500_000_000, 0))).unwrap();
+    assert_same_bytes(&fs::read(m.p("f")).unwrap(), &data, "first read");
+    let mut changed = data.clone();
+    changed[5000..5005].copy_from_slice(b"NEWER");
+    fs::write(m.e("f"), &changed).unwrap();
+    set_times(&m.e("f"), None, Some((1_500_000_000, 0))).unwrap();
+    // The TTL is what is tested here: wait it out.
+    std::thread::sleep(Duration::from_millis(1300));
+    assert_same_bytes(
+        &fs::read(m.p("f")).unwrap(),
+        &changed,
+        "a change on the server after the TTL",
+    );
+}
+
 /// Every path below `dir`, relative to it, sorted: `find`'s walk (readdirplus and the walk
 /// ahead on the mount).
 fn tree_paths(dir: &Path) -> Vec<String> {

@@ -339,8 +339,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
             caller: caller(req),
         };
         self.spawn("open", req, async move {
-            match fs.open(ino.0, open).await {
-                Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            match fs.open_keeping_cache(ino.0, open).await {
+                Ok((fh, true)) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+                Ok((fh, false)) => reply.opened(FileHandle(fh), FopenFlags::empty()),
                 Err(e) => reply.error(errno(&e)),
             }
         });

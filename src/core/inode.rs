@@ -42,6 +42,22 @@ struct Node {
     /// When the mount itself last changed the inode's status (attributes, data, names): the
     /// stand-in for a ctime, which SFTP v3 does not carry. Lives and dies with the inode.
     changed: Option<SystemTime>,
+    /// Since when the kernel's page cache of the inode can hold only data read from the
+    /// server (see [`PageCacheMark`]). Lives and dies with the inode, as the pages do.
+    page_cache: Option<PageCacheMark>,
+}
+
+/// When the kernel last dropped an inode's page cache (an open answered without
+/// `keep_cache`), and what the file was then: every page it has cached since was read from
+/// the server after that moment (or from a copy fetched then), so the pages may be kept
+/// until that moment plus the attribute TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageCacheMark {
+    pub until: std::time::Instant,
+    /// The change clock then (`MetaCache::now`).
+    pub clock: u64,
+    /// Size and mtime then, if known.
+    pub attrs: Option<(Option<u64>, Option<u32>)>,
 }
 
 /// Where an inode currently is.
@@ -88,6 +104,7 @@ impl InodeTable {
                 lookups: 1,
                 nlink: None,
                 changed: None,
+                page_cache: None,
             },
         );
         InodeTable {
@@ -139,6 +156,26 @@ impl InodeTable {
     /// When the mount last changed the status of `ino`, if it did while the kernel held it.
     pub fn last_status_change(&self, ino: Ino) -> Option<SystemTime> {
         self.nodes.get(&ino).and_then(|n| n.changed)
+    }
+
+    /// See [`PageCacheMark`].
+    pub fn page_cache_mark(&self, ino: Ino) -> Option<PageCacheMark> {
+        self.nodes.get(&ino).and_then(|n| n.page_cache)
+    }
+
+    pub fn set_page_cache_mark(&mut self, ino: Ino, mark: PageCacheMark) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.page_cache = Some(mark);
+        }
+    }
+
+    /// Every inode's pages are as old as the TTL (tests run lifetimes out on demand).
+    pub fn expire_page_cache_marks(&mut self, now: std::time::Instant) {
+        for node in self.nodes.values_mut() {
+            if let Some(m) = &mut node.page_cache {
+                m.until = m.until.min(now);
+            }
+        }
     }
 
     /// The inode for `name` in `parent`, if the kernel currently knows one.
@@ -241,6 +278,7 @@ impl InodeTable {
                 lookups: 1,
                 nlink: None,
                 changed: None,
+                page_cache: None,
             },
         );
         self.by_name.insert(key, ino);

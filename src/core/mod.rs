@@ -22,14 +22,14 @@ use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
 use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
 use self::file::{OpenFile, Told, WriteStream};
-use self::inode::{Ino, InodeTable, Location, ROOT_INO};
+use self::inode::{Ino, InodeTable, Location, PageCacheMark, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
 use self::remove_behind::RemovesBehind;
 use crate::error::{FsError, FsResult};
@@ -437,6 +437,10 @@ impl<R: Remote> Fs<R> {
     #[cfg(test)]
     pub(crate) fn expire_cache(&self) {
         self.cache.lock().unwrap().expire_all();
+        self.inodes
+            .lock()
+            .unwrap()
+            .expire_page_cache_marks(Instant::now());
     }
 
     /// New cache lifetimes and bounds (live policy reload).
@@ -2148,6 +2152,68 @@ impl<R: Remote> Fs<R> {
     }
 
     // ---------------------------------------------------------------- files
+
+    /// An open as the kernel sees it: the descriptor, and whether the kernel may keep the
+    /// pages it has cached of the file (`keep_cache`; see [`Fs::page_cache_kept`]).
+    pub async fn open_keeping_cache(
+        self: &Arc<Self>,
+        ino: Ino,
+        req: OpenRequest,
+    ) -> FsResult<(u64, bool)> {
+        let before = (Instant::now(), self.cache.lock().unwrap().now());
+        let fh = self.open(ino, req).await?;
+        // Opened from a copy fetched ahead: the kernel's reads get data as old as that.
+        let fetched = self.snapshot(fh).map(|s| (s.planned, s.since));
+        Ok((fh, self.page_cache_kept(ino, fetched.unwrap_or(before))))
+    }
+
+    /// Whether an open of `ino` may leave the kernel's cached pages of it in place. Without
+    /// `keep_cache` every open drops them, and a file read again (the index and packs every
+    /// `git` command maps, headers a build includes, a second `grep -r`) is read from the
+    /// server again. They are kept when every one of them was read from the server less than
+    /// the attribute TTL ago: since the kernel last dropped them (`PageCacheMark`), which is
+    /// the promise the attribute cache already makes for changes made on the server; and
+    /// when nothing changed the file through the mount since (the change clock: a write
+    /// the server then refused must not stay visible), and its size and mtime, as far as
+    /// they are known, are still what they were then. Otherwise the kernel drops them now,
+    /// and `data_since` (when the
+    /// data it will read is from, and the change clock then) becomes the new mark.
+    /// Past the TTL the kernel also checks on its own: with `auto_inval_data` a read with
+    /// expired attributes fetches them and drops the pages if the size or mtime moved. The
+    /// TTL bound is what catches a change that moves neither (same size, within the second
+    /// SFTP v3 times have).
+    fn page_cache_kept(&self, ino: Ino, data_since: (Instant, u64)) -> bool {
+        let ttl = self.attr_ttl_for(ino);
+        let mark = self.inodes.lock().unwrap().page_cache_mark(ino);
+        let (attrs, unchanged) = {
+            let mut cache = self.cache.lock().unwrap();
+            let attrs = cache.get_attrs(ino).map(|c| (c.attrs.size, c.attrs.mtime));
+            let unchanged = mark.is_some_and(|m| !cache.changed_since(ino, m.clock));
+            (attrs, unchanged)
+        };
+        if let Some(m) = mark {
+            // Attributes not known now (or at either open): the TTL and the change clock
+            // decide, as they do for the attributes themselves. Known now but not then
+            // (after a write of ours): what the pages are cannot be told, so they go once.
+            let same = match (m.attrs, attrs) {
+                (Some(then), Some(now)) => then == now,
+                (None, Some(_)) => false,
+                (_, None) => true,
+            };
+            if unchanged && same && !ttl.is_zero() && Instant::now() < m.until {
+                return true;
+            }
+        }
+        self.inodes.lock().unwrap().set_page_cache_mark(
+            ino,
+            PageCacheMark {
+                until: data_since.0 + ttl,
+                clock: data_since.1,
+                attrs,
+            },
+        );
+        false
+    }
 
     pub async fn open(self: &Arc<Self>, ino: Ino, req: OpenRequest) -> FsResult<u64> {
         if req.wants_write() {

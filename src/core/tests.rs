@@ -802,6 +802,126 @@ async fn cache_statfs_until_a_change_or_the_ttl() {
     assert_eq!(asked(), n + 3, "after the lifetime");
 }
 
+/// `keep_cache`: an open leaves the kernel's pages of a file in place while every one of
+/// them was read less than the attribute TTL ago and the file is as it was then; a write
+/// through the mount, a new size or mtime from the server, or the TTL makes the open drop
+/// them (and start counting again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_pages_kept_while_the_file_is_as_it_was_read() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"12345").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let open = |flags: i32| {
+        let fs = h.fs.clone();
+        async move {
+            let (fh, keep) = fs.open_keeping_cache(f, as_root(flags)).await.unwrap();
+            fs.release(fh).await.unwrap();
+            keep
+        }
+    };
+    assert!(!open(libc::O_RDONLY).await, "first open");
+    assert!(open(libc::O_RDONLY).await, "nothing changed");
+    assert!(open(libc::O_RDWR).await, "an open for writing is no change");
+
+    let (fh, _) =
+        h.fs.open_keeping_cache(f, as_root(libc::O_WRONLY))
+            .await
+            .unwrap();
+    h.write(fh, 0, b"a").await;
+    h.fs.release(fh).await.unwrap();
+    assert!(
+        !open(libc::O_RDONLY).await,
+        "after a write through the mount"
+    );
+    assert!(
+        open(libc::O_RDONLY).await,
+        "nothing changed since the write"
+    );
+
+    // Changed on the server: the size shows once the attributes are asked for again
+    // (their lifetime run out, not the pages').
+    std::fs::write(h.disk("f"), b"123456789").unwrap();
+    h.fs.cache.lock().unwrap().expire_all();
+    assert_eq!(h.size(f, None).await, 9);
+    assert!(
+        !open(libc::O_RDONLY).await,
+        "after the server's change showed"
+    );
+    assert!(open(libc::O_RDONLY).await, "nothing changed since");
+    // Once more, now that the pages' attributes were known when they were dropped.
+    std::fs::write(h.disk("f"), b"1234567").unwrap();
+    h.fs.cache.lock().unwrap().expire_all();
+    assert_eq!(h.size(f, None).await, 7);
+    assert!(
+        !open(libc::O_RDONLY).await,
+        "after the server's second change showed"
+    );
+    assert!(
+        open(libc::O_RDONLY).await,
+        "nothing changed since the second"
+    );
+
+    // The TTL: pages read longer ago than that are dropped even if nothing shows a change
+    // (SFTP v3 mtimes are whole seconds; a same-size change within one shows nowhere).
+    h.fs.expire_cache();
+    assert_eq!(h.size(f, None).await, 7);
+    assert!(!open(libc::O_RDONLY).await, "past the TTL");
+    assert!(open(libc::O_RDONLY).await, "within the new TTL");
+
+    // Past the TTL with the attributes not asked for again.
+    h.fs.expire_cache();
+    assert!(
+        !open(libc::O_RDONLY).await,
+        "past the TTL, attributes unknown"
+    );
+}
+
+/// No attribute TTL, or a file with links the mount does not know (its TTL is 0): the
+/// kernel's pages are dropped at every open, as the attributes are asked for every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_pages_never_kept_without_a_ttl() {
+    let h = Harness::with(
+        config(CacheConfig {
+            attr_ttl: Duration::ZERO,
+            ..long_ttls()
+        }),
+        None,
+    );
+    std::fs::write(h.disk("f"), b"12345").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    for i in 0..3 {
+        let (fh, keep) =
+            h.fs.open_keeping_cache(f, as_root(libc::O_RDONLY))
+                .await
+                .unwrap();
+        h.fs.release(fh).await.unwrap();
+        assert!(!keep, "open {i}");
+    }
+
+    let h = Harness::new();
+    std::fs::write(h.disk("x"), b"data").unwrap();
+    // A second name made on the server, which the mount learns of from a listing only.
+    std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
+    let x = h.lookup(ROOT, "x").await;
+    let keep = |h: &Harness| {
+        let fs = h.fs.clone();
+        async move {
+            let (fh, keep) = fs
+                .open_keeping_cache(x, as_root(libc::O_RDONLY))
+                .await
+                .unwrap();
+            fs.release(fh).await.unwrap();
+            keep
+        }
+    };
+    assert!(!keep(&h).await);
+    assert!(keep(&h).await, "one name, nothing changed");
+    list_plus(&h, ROOT).await;
+    assert!(h.fs.getattr(x, None).await.unwrap().1.is_zero());
+    assert!(!keep(&h).await, "links the mount does not know");
+    assert!(!keep(&h).await, "links the mount does not know, again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_getattr_within_ttl_stays_local_and_after_ttl_asks() {
     // Long TTLs, run out on demand (`expire_cache`): no stall can end them early. The TTLs
