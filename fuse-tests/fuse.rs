@@ -619,6 +619,38 @@ fn server_changes_show_after_the_ttl() {
     );
 }
 
+/// A small file opened for reading gets its first bytes along with the open (the READ sent
+/// behind the OPEN, on the handle OpenSSH will give it): each `read` of a file whose size the
+/// mount knows costs one round trip, and gives the file's bytes.
+#[test]
+fn small_files_are_read_along_with_their_open() {
+    let m = TestMount::start(&[]);
+    let sizes = [0usize, 1, 4096, 70_000, 128 * 1024];
+    for (i, len) in sizes.iter().enumerate() {
+        fs::create_dir(m.e(format!("d{i}"))).unwrap();
+        fs::write(m.e(format!("d{i}/f")), pattern(i as u64, *len)).unwrap();
+    }
+    for (i, len) in sizes.iter().enumerate() {
+        assert_eq!(
+            fs::metadata(m.p(format!("d{i}/f"))).unwrap().len(),
+            *len as u64
+        );
+    }
+    for (i, len) in sizes.iter().enumerate() {
+        let before = status_counter(&m.mnt, "opens_read_along");
+        assert_same_bytes(
+            &fs::read(m.p(format!("d{i}/f"))).unwrap(),
+            &pattern(i as u64, *len),
+            &format!("d{i}/f"),
+        );
+        assert_eq!(
+            status_counter(&m.mnt, "opens_read_along") - before,
+            1,
+            "d{i}/f ({len} bytes) was not read along with its open"
+        );
+    }
+}
+
 /// The kernel keeps its cached pages of a file from one open to the next while they are
 /// younger than the attribute TTL and nothing shows a change (`keep_cache`): a second read
 /// does not cross the link. A change made on the server that neither the size nor the mtime

@@ -515,6 +515,103 @@ async fn abandoned_opens_do_not_leak_server_handles() {
     assert_eq!(sshd.sftp_server_fds(), baseline, "server handles leaked");
 }
 
+/// Open and first read of a file in one round trip (`open_read`): OpenSSH's handles follow
+/// the table each channel tracks, so the READ sent behind the OPEN, on the handle the OPEN
+/// will get, is used. One after another (each close still on its way when the next open
+/// goes out) every open gets its file's bytes along; with opens, failed opens, listings,
+/// closes and abandoned opens (whose handles the reader closes) all going on at once, every
+/// read along that is used holds its own file's bytes, and the channels are still in step
+/// afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_and_first_read_in_one_round_trip() {
+    let sshd = TestSshd::start();
+    let r = std::sync::Arc::new(connect(&sshd).await);
+    let root = sshd.export_dir.clone();
+    let content = |i: usize| -> Vec<u8> {
+        (0..(i * 1777) % 70_000)
+            .map(|k| (k as u64 * 31 + i as u64) as u8)
+            .collect()
+    };
+    for i in 0..40 {
+        std::fs::write(root.join(format!("f{i}")), content(i)).unwrap();
+    }
+    const LEN: u32 = 64 * 1024;
+    let check = |i: usize, data: &Bytes| {
+        let want = content(i);
+        let want = &want[..want.len().min(LEN as usize)];
+        assert!(data[..] == *want, "f{i}: {} bytes, not its own", data.len());
+    };
+
+    for round in 0..3 {
+        for i in 0..40 {
+            let (h, data) = r.open_read(&root.join(format!("f{i}")), LEN).await.unwrap();
+            let data = data.unwrap_or_else(|| panic!("round {round}, f{i}: not read along"));
+            check(i, &data);
+            let r = r.clone();
+            tokio::spawn(async move { r.close(&h).await.unwrap() });
+        }
+    }
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for t in 0..8usize {
+        let (r, root) = (r.clone(), root.clone());
+        tasks.spawn(async move {
+            let mut along = 0;
+            for k in 0..60usize {
+                let i = (t * 7 + k * 3) % 40;
+                match k % 5 {
+                    0 => {
+                        r.read_dir(&root).await.unwrap();
+                    }
+                    1 => {
+                        let e = r.open_read(&root.join("missing"), LEN).await.unwrap_err();
+                        assert_eq!(e.status(), Some(Status::NoSuchFile));
+                    }
+                    2 => {
+                        // Abandoned once sent: its HANDLE comes back to no one.
+                        let path = root.join(format!("f{i}"));
+                        let open = r.open_read(&path, LEN);
+                        tokio::select! {
+                            biased;
+                            opened = open => {
+                                let (h, _) = opened.unwrap();
+                                r.close(&h).await.unwrap();
+                            }
+                            _ = tokio::task::yield_now() => {}
+                        }
+                    }
+                    _ => {
+                        let (h, data) =
+                            r.open_read(&root.join(format!("f{i}")), LEN).await.unwrap();
+                        if let Some(data) = data {
+                            along += 1;
+                            let want = content(i);
+                            let want = &want[..want.len().min(LEN as usize)];
+                            assert!(data[..] == *want, "f{i}: {} bytes, not its own", data.len());
+                        }
+                        r.close(&h).await.unwrap();
+                    }
+                }
+            }
+            along
+        });
+    }
+    let mut along = 0;
+    while let Some(n) = tasks.join_next().await {
+        along += n.unwrap();
+    }
+    eprintln!("read along in the storm: {along} of 192 opens");
+    // Every channel still in step: one after another, every open reads along again.
+    for i in 0..40 {
+        let (h, data) = r.open_read(&root.join(format!("f{i}")), LEN).await.unwrap();
+        check(
+            i,
+            &data.unwrap_or_else(|| panic!("after the storm, f{i}: not read along")),
+        );
+        r.close(&h).await.unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_remote_closes_the_connection() {
     let sshd = TestSshd::start();

@@ -812,6 +812,7 @@ fn control_handlers(
                 "bytes_read": stats.bytes_read.load(Relaxed),
                 "bytes_written": stats.bytes_written.load(Relaxed),
                 "opens_fetched_ahead": stats.opens_fetched_ahead.load(Relaxed),
+                "opens_read_along": stats.opens_read_along.load(Relaxed),
                 "dirs_listed_ahead": stats.dirs_listed_ahead.load(Relaxed),
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),

@@ -191,6 +191,8 @@ pub struct Stats {
     pub remote_errors: AtomicU64,
     /// Opens answered from a small file fetched ahead (see `prefetch`), without a round trip.
     pub opens_fetched_ahead: AtomicU64,
+    /// Opens whose file's first bytes came along with the OPEN (see [`Fs::read_along_len`]).
+    pub opens_read_along: AtomicU64,
     /// Unlinks answered before the server's answer (see `remove_behind`).
     pub unlinks_behind: AtomicU64,
     /// Writes (and attribute changes behind them) on the wire when the connection was lost,
@@ -219,6 +221,23 @@ struct DirHandle {
     /// Whether readdir has been called on this handle: a later read from offset 0 is a
     /// rewinddir(3), which must show the directory as it is now.
     started: AtomicBool,
+}
+
+/// Bytes read along with opens and not yet read by the kernel, mount-wide (see
+/// [`Fs::read_along_len`]).
+pub const READ_ALONG_BYTES: u64 = 8 * 1024 * 1024;
+
+/// The first bytes of a file, read along with its open.
+struct ReadAlong {
+    ino: Ino,
+    data: Bytes,
+    /// The file ended within them.
+    eof: bool,
+    /// Used until then (the open plus the attribute TTL) ...
+    until: Instant,
+    /// ... and while nothing changed the file through the mount since the change clock read
+    /// this.
+    since: u64,
 }
 
 pub struct Fs<R: Remote> {
@@ -261,6 +280,9 @@ pub struct Fs<R: Remote> {
     file_fetches: Arc<tokio::sync::Semaphore>,
     /// Descriptors answered from a fetched-ahead snapshot: read from memory, no server handle.
     snapshots: Mutex<HashMap<u64, (Ino, Arc<Snapshot>)>>,
+    /// The first bytes of files, read along with their open, until the kernel reads them
+    /// (see [`Fs::read_along_len`]). Locked before `cache`.
+    read_along: Mutex<HashMap<u64, ReadAlong>>,
     /// Unlinks answered before the server's answer, still on their way or failed.
     removes_behind: RemovesBehind,
     /// Renames and unlinks on their way to the server, for opening live files by name.
@@ -415,6 +437,7 @@ impl<R: Remote> Fs<R> {
             small_files: SmallFileAhead::default(),
             file_fetches: Arc::new(tokio::sync::Semaphore::new(prefetch::MAX_FILE_FETCHES)),
             snapshots: Mutex::new(HashMap::new()),
+            read_along: Mutex::new(HashMap::new()),
             removes_behind: RemovesBehind::default(),
             names: names::NameChanges::default(),
             stats: Stats::default(),
@@ -437,10 +460,11 @@ impl<R: Remote> Fs<R> {
     #[cfg(test)]
     pub(crate) fn expire_cache(&self) {
         self.cache.lock().unwrap().expire_all();
-        self.inodes
-            .lock()
-            .unwrap()
-            .expire_page_cache_marks(Instant::now());
+        let now = Instant::now();
+        self.inodes.lock().unwrap().expire_page_cache_marks(now);
+        for r in self.read_along.lock().unwrap().values_mut() {
+            r.until = r.until.min(now);
+        }
     }
 
     /// New cache lifetimes and bounds (live policy reload).
@@ -2161,10 +2185,14 @@ impl<R: Remote> Fs<R> {
         req: OpenRequest,
     ) -> FsResult<(u64, bool)> {
         let before = (Instant::now(), self.cache.lock().unwrap().now());
-        let fh = self.open(ino, req).await?;
-        // Opened from a copy fetched ahead: the kernel's reads get data as old as that.
-        let fetched = self.snapshot(fh).map(|s| (s.planned, s.since));
-        Ok((fh, self.page_cache_kept(ino, fetched.unwrap_or(before))))
+        let keep = self.page_cache_keepable(ino);
+        let fh = self.open_reading_along(ino, req, !keep).await?;
+        if !keep {
+            // Opened from a copy fetched ahead: the kernel's reads get data as old as that.
+            let fetched = self.snapshot(fh).map(|s| (s.planned, s.since));
+            self.page_cache_dropped(ino, fetched.unwrap_or(before));
+        }
+        Ok((fh, keep))
     }
 
     /// Whether an open of `ino` may leave the kernel's cached pages of it in place. Without
@@ -2175,35 +2203,40 @@ impl<R: Remote> Fs<R> {
     /// the promise the attribute cache already makes for changes made on the server; and
     /// when nothing changed the file through the mount since (the change clock: a write
     /// the server then refused must not stay visible), and its size and mtime, as far as
-    /// they are known, are still what they were then. Otherwise the kernel drops them now,
-    /// and `data_since` (when the
-    /// data it will read is from, and the change clock then) becomes the new mark.
+    /// they are known, are still what they were then. Otherwise the open drops them, and
+    /// [`Fs::page_cache_dropped`] starts a new mark.
     /// Past the TTL the kernel also checks on its own: with `auto_inval_data` a read with
     /// expired attributes fetches them and drops the pages if the size or mtime moved. The
     /// TTL bound is what catches a change that moves neither (same size, within the second
     /// SFTP v3 times have).
-    fn page_cache_kept(&self, ino: Ino, data_since: (Instant, u64)) -> bool {
+    fn page_cache_keepable(&self, ino: Ino) -> bool {
         let ttl = self.attr_ttl_for(ino);
-        let mark = self.inodes.lock().unwrap().page_cache_mark(ino);
-        let (attrs, unchanged) = {
-            let mut cache = self.cache.lock().unwrap();
-            let attrs = cache.get_attrs(ino).map(|c| (c.attrs.size, c.attrs.mtime));
-            let unchanged = mark.is_some_and(|m| !cache.changed_since(ino, m.clock));
-            (attrs, unchanged)
+        let Some(m) = self.inodes.lock().unwrap().page_cache_mark(ino) else {
+            return false;
         };
-        if let Some(m) = mark {
-            // Attributes not known now (or at either open): the TTL and the change clock
-            // decide, as they do for the attributes themselves. Known now but not then
-            // (after a write of ours): what the pages are cannot be told, so they go once.
-            let same = match (m.attrs, attrs) {
-                (Some(then), Some(now)) => then == now,
-                (None, Some(_)) => false,
-                (_, None) => true,
-            };
-            if unchanged && same && !ttl.is_zero() && Instant::now() < m.until {
-                return true;
-            }
-        }
+        let mut cache = self.cache.lock().unwrap();
+        let attrs = cache.get_attrs(ino).map(|c| (c.attrs.size, c.attrs.mtime));
+        // Attributes not known now (or at either open): the TTL and the change clock decide,
+        // as they do for the attributes themselves. Known now but not then (after a write of
+        // ours): what the pages are cannot be told, so they go once.
+        let same = match (m.attrs, attrs) {
+            (Some(then), Some(now)) => then == now,
+            (None, Some(_)) => false,
+            (_, None) => true,
+        };
+        same && !cache.changed_since(ino, m.clock) && !ttl.is_zero() && Instant::now() < m.until
+    }
+
+    /// The kernel drops its pages of `ino` now (an open without `keep_cache`): what it reads
+    /// from here on is from `data_since` (when, and the change clock then) or later.
+    fn page_cache_dropped(&self, ino: Ino, data_since: (Instant, u64)) {
+        let ttl = self.attr_ttl_for(ino);
+        let attrs = self
+            .cache
+            .lock()
+            .unwrap()
+            .get_attrs(ino)
+            .map(|c| (c.attrs.size, c.attrs.mtime));
         self.inodes.lock().unwrap().set_page_cache_mark(
             ino,
             PageCacheMark {
@@ -2212,10 +2245,20 @@ impl<R: Remote> Fs<R> {
                 attrs,
             },
         );
-        false
     }
 
     pub async fn open(self: &Arc<Self>, ino: Ino, req: OpenRequest) -> FsResult<u64> {
+        self.open_reading_along(ino, req, true).await
+    }
+
+    /// [`Fs::open`]; `read_along`: the file's first bytes may be read along with the open
+    /// (not when the kernel keeps its cached pages: it will not ask).
+    async fn open_reading_along(
+        self: &Arc<Self>,
+        ino: Ino,
+        req: OpenRequest,
+        read_along: bool,
+    ) -> FsResult<u64> {
         if req.wants_write() {
             self.check_writable("open for writing")?;
         }
@@ -2228,10 +2271,34 @@ impl<R: Remote> Fs<R> {
                 return Ok(fh);
             }
         }
-        let handle = match self.remote.open(&path, flags, 0).await {
-            Ok(h) => h,
+        let along = match read_along && flags == OpenFlags::read_only() {
+            true => self.read_along_len(ino),
+            false => None,
+        };
+        let since = (Instant::now(), self.cache.lock().unwrap().now());
+        let opened = match along {
+            Some(len) => self.remote.open_read(&path, len).await,
+            None => self.remote.open(&path, flags, 0).await.map(|h| (h, None)),
+        };
+        let (handle, first_bytes) = match opened {
+            Ok(o) => o,
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
         };
+        if let (Some(len), Some(data)) = (along, first_bytes) {
+            let fh = self.register_file(ino, flags, handle, req.pid);
+            self.stats.opens_read_along.fetch_add(1, Ordering::Relaxed);
+            self.read_along.lock().unwrap().insert(
+                fh,
+                ReadAlong {
+                    ino,
+                    eof: data.len() < len as usize,
+                    data,
+                    until: since.0 + self.attr_ttl_for(ino),
+                    since: since.1,
+                },
+            );
+            return Ok(fh);
+        }
         if flags.truncate {
             self.status_changed(ino);
             self.attrs_changed(ino, None);
@@ -2731,7 +2798,65 @@ impl<R: Remote> Fs<R> {
             .is_some_and(|f| f.stream.has_lost_writes())
     }
 
+    /// How many bytes to read along with the open of `ino` (see `Remote::open_read`), if
+    /// any. A small file opened for reading is read right away, by nearly every tool that
+    /// opens one (`git`'s objects, a compiler's headers, an interpreter's modules): with the
+    /// READ sent behind the OPEN that is one round trip for both instead of two. Only a
+    /// regular file of known size up to `prefetch::SMALL_FILE_MAX` (one READ), with no
+    /// descriptor of it open (a write of ours to it may be on its way, which the READ would
+    /// not wait for), within [`READ_ALONG_BYTES`] mount-wide. One byte more than its size is
+    /// asked for, so a short answer says where the file ends. What was read is used for the
+    /// kernel's reads while younger than the attribute TTL and nothing changed the file
+    /// through the mount ([`Fs::read_along_for`]): as fresh as a read right after the open.
+    fn read_along_len(&self, ino: Ino) -> Option<u32> {
+        if self.attr_ttl_for(ino).is_zero()
+            || self.inodes.lock().unwrap().kind(ino) != Some(FileKind::File)
+        {
+            return None;
+        }
+        let size = self.cache.lock().unwrap().get_attrs(ino)?.attrs.size?;
+        if size > prefetch::SMALL_FILE_MAX || self.any_open_file(ino).is_some() {
+            return None;
+        }
+        let len = (size + 1).min(u64::from(self.remote.limits().max_read));
+        let held: usize = self
+            .read_along
+            .lock()
+            .unwrap()
+            .values()
+            .map(|r| r.data.len())
+            .sum();
+        (held as u64 + len <= READ_ALONG_BYTES).then_some(len as u32)
+    }
+
+    /// The kernel's read of `size` bytes at `offset` through `fh`, from the bytes read along
+    /// with its open, if they are still good and hold it (or the file ends within them).
+    /// Once a read reaches their end, or goes past them, they are dropped.
+    fn read_along_for(&self, fh: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
+        let mut along = self.read_along.lock().unwrap();
+        let r = along.get(&fh)?;
+        let good =
+            Instant::now() < r.until && !self.cache.lock().unwrap().changed_since(r.ino, r.since);
+        let len = r.data.len() as u64;
+        let end = offset.saturating_add(u64::from(size));
+        if !good || (end > len && !r.eof) {
+            along.remove(&fh);
+            return None;
+        }
+        let out = r.data[offset.min(len) as usize..end.min(len) as usize].to_vec();
+        if end >= len {
+            along.remove(&fh);
+        }
+        Some(out)
+    }
+
     pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+        if let Some(data) = self.read_along_for(fh, offset, size) {
+            self.stats
+                .bytes_read
+                .fetch_add(data.len() as u64, Ordering::Relaxed);
+            return Ok(data);
+        }
         if let Some(snap) = self.read_snapshot(fh).await? {
             let len = snap.data.len() as u64;
             let start = offset.min(len) as usize;
@@ -2961,6 +3086,7 @@ impl<R: Remote> Fs<R> {
     /// Last close: the handle goes away. Errors cannot reach the application any more (the
     /// kernel ignores them); the opener's close reported them, if it was the last.
     pub async fn release(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        self.read_along.lock().unwrap().remove(&fh);
         if self.snapshots.lock().unwrap().remove(&fh).is_some() {
             return Ok(());
         }

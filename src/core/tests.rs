@@ -802,6 +802,95 @@ async fn cache_statfs_until_a_change_or_the_ttl() {
     assert_eq!(asked(), n + 3, "after the lifetime");
 }
 
+/// A small file's first bytes are read along with its open (one round trip for both) and
+/// answer the kernel's reads of them; past them, the server is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_along_answers_the_first_reads() {
+    let h = Harness::new();
+    let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
+    std::fs::write(h.disk("f"), &data).unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let reads = || h.plan.calls(ROp::Read);
+    let along = || h.fs.stats.opens_read_along.load(Ordering::Relaxed);
+    let n = reads();
+    let fh = h.open(f, libc::O_RDONLY).await;
+    assert_eq!((reads(), along()), (n + 1, 1), "read along with the open");
+    assert_eq!(h.read(fh, 0, 4096).await, &data[..4096]);
+    assert_eq!(h.read(fh, 4096, 4096).await, &data[4096..8192]);
+    assert_eq!(h.read(fh, 8192, 4096).await, &data[8192..]);
+    assert_eq!(reads(), n + 1, "the reads asked the server");
+    // Used up: a read again goes to the server.
+    assert_eq!(h.read(fh, 0, 100).await, &data[..100]);
+    assert_eq!(reads(), n + 2);
+    h.fs.release(fh).await.unwrap();
+
+    // A file that grew on the server since its size was seen: what was read along does not
+    // reach its end, and a read past it asks the server.
+    let longer: Vec<u8> = (0..20_000u32).map(|i| (i * 3) as u8).collect();
+    std::fs::write(h.disk("f"), &longer).unwrap();
+    let fh = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(along(), 2);
+    assert_eq!(h.read(fh, 0, 8192).await, &longer[..8192]);
+    assert_eq!(h.read(fh, 8192, 8192).await, &longer[8192..16_384]);
+    h.fs.release(fh).await.unwrap();
+
+    // Opened for writing, or too big: not read along.
+    let fh = h.open(f, libc::O_RDWR).await;
+    h.fs.release(fh).await.unwrap();
+    std::fs::write(h.disk("big"), vec![1u8; 200_000]).unwrap();
+    let big = h.lookup(ROOT, "big").await;
+    let fh = h.open(big, libc::O_RDONLY).await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(along(), 2);
+}
+
+/// What was read along is as fresh as a read right after the open: a write through the mount
+/// afterwards, or the attribute TTL, sends the kernel's reads to the server; and nothing is
+/// read along while another descriptor of the file is open (a write of ours may still be on
+/// its way, which the READ would not wait for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_along_never_hides_a_change() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"old old old").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let along = || h.fs.stats.opens_read_along.load(Ordering::Relaxed);
+    let r = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(along(), 1);
+    let w = h.open(f, libc::O_WRONLY).await;
+    h.write(w, 0, b"new").await;
+    assert_eq!(
+        h.read(r, 0, 4096).await,
+        b"new old old",
+        "a write through the mount"
+    );
+    h.fs.release(r).await.unwrap();
+
+    // Another descriptor open, its write answered at once and not on the server yet.
+    assert_eq!(h.size(f, Some(w)).await, 11);
+    let known = h.fs.cache.lock().unwrap().get_attrs(f).unwrap();
+    h.plan.hold(ROp::Write);
+    h.write(w, 4, b"NEW").await;
+    // The size known (a getattr would wait for the write): nothing else keeps this open
+    // from reading along.
+    h.fs.cache.lock().unwrap().put_attrs(f, known);
+    let r = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(along(), 1, "read along beside an open descriptor");
+    h.plan.release(ROp::Write);
+    assert_eq!(h.read(r, 0, 4096).await, b"new NEW old");
+    h.fs.release(r).await.unwrap();
+    h.fs.release(w).await.unwrap();
+
+    // A change on the server shows once the TTL has passed. (Read along only with the size
+    // known: the writes left it unknown.)
+    assert_eq!(h.size(f, None).await, 11);
+    let r = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(along(), 2);
+    std::fs::write(h.disk("f"), b"server's!!!").unwrap();
+    h.fs.expire_cache();
+    assert_eq!(h.read(r, 0, 4096).await, b"server's!!!", "past the TTL");
+    h.fs.release(r).await.unwrap();
+}
+
 /// `keep_cache`: an open leaves the kernel's pages of a file in place while every one of
 /// them was read less than the attribute TTL ago and the file is as it was then; a write
 /// through the mount, a new size or mtime from the server, or the TTL makes the open drop
@@ -2066,7 +2155,9 @@ async fn reconnect_read_on_an_old_handle_reopens() {
     std::fs::write(h.disk("f"), b"hello world").unwrap();
     let f = h.lookup(ROOT, "f").await;
     let fh = h.open(f, libc::O_RDONLY).await;
-    assert_eq!(h.read(fh, 0, 5).await, b"hello");
+    // (The whole file: what was read along with the open is used up, the next read goes
+    // to the server.)
+    assert_eq!(h.read(fh, 0, 100).await, b"hello world");
     h.plan.disconnect();
     assert_errno(
         h.fs.read(fh, 0, 5).await,

@@ -319,6 +319,23 @@ pub trait Remote: Send + Sync + 'static {
         flags: OpenFlags,
         perm: u32,
     ) -> impl Future<Output = RemoteResult<Self::Handle>> + Send;
+    /// Open `path` for reading and read up to `len` bytes from its start: the handle, and
+    /// the data (fewer bytes than `len`: the file ends there) or None when it was not read
+    /// along (read it the ordinary way). `len` is at most `limits().max_read`. The SFTP
+    /// remote sends both requests at once when it can tell the handle the OPEN will get (see
+    /// `sftp::forecast`), which makes it one round trip; otherwise it only opens. The
+    /// default opens, then reads.
+    fn open_read(
+        &self,
+        path: &Path,
+        len: u32,
+    ) -> impl Future<Output = RemoteResult<(Self::Handle, Option<Bytes>)>> + Send {
+        async move {
+            let h = self.open(path, OpenFlags::read_only(), 0).await?;
+            let data = self.read(&h, 0, len).await.ok();
+            Ok((h, data))
+        }
+    }
     /// Open a file (see [`Remote::open`]) and return its attributes as they are right after
     /// the open: what a create needs to answer the kernel. The default asks twice; the SFTP
     /// remote sends both requests at once (one round trip).

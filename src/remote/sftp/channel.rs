@@ -29,6 +29,7 @@ use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{debug, trace};
 
 use super::codec::{self, OutPacket, Request, Response, Version};
+use super::forecast::{self, Change, HandleForecast};
 use super::pacing::{self, MinRtt};
 use crate::remote::{RemoteError, RemoteResult};
 
@@ -104,6 +105,9 @@ struct Shared {
     death: DeathSignal,
     /// Server-side copies in progress (see [`SftpChannel::copying`]).
     copies: AtomicUsize,
+    /// The server's handle table as our requests change it (see [`SftpChannel::open_and_read`]).
+    /// Locked inside `pending`, never the other way round.
+    forecast: Mutex<HandleForecast>,
 }
 
 impl Shared {
@@ -282,6 +286,7 @@ impl SftpChannel {
             min_rtt,
             death,
             copies: AtomicUsize::new(0),
+            forecast: Mutex::new(HandleForecast::default()),
         });
         let (wtx, wrx) = mpsc::unbounded_channel();
         tokio::spawn(writer_task(write, wrx, shared.clone()));
@@ -326,6 +331,41 @@ impl SftpChannel {
     /// Queue `req` for sending and return without waiting for the reply. Packets queued by
     /// successive calls go on the wire in call order. Waits only for the in-flight bounds.
     pub(crate) async fn send(&self, req: &Request<'_>) -> RemoteResult<PendingReply> {
+        self.send_numbered(req).await.map(|(reply, _)| reply)
+    }
+
+    /// Send an OPEN (`open`, a read-only open of a file) and, when the handle it will get
+    /// can be told in advance (see `forecast`), a READ of `len` bytes at offset 0 on that
+    /// handle right behind it: open and first read in one round trip. The READ's reply, with
+    /// the handle it was sent on, to be used only if the OPEN answers with that handle.
+    pub(crate) async fn open_and_read(
+        &self,
+        open: &Request<'_>,
+        len: u32,
+    ) -> RemoteResult<(PendingReply, Option<(Bytes, PendingReply)>)> {
+        let (opened, id) = self.send_numbered(open).await?;
+        let Some(handle) = self.lock_forecast().handle_for(id) else {
+            return Ok((opened, None));
+        };
+        let read = Request::Read {
+            handle: &handle,
+            offset: 0,
+            len,
+        };
+        // (A READ that cannot be sent changes nothing: the open stands without it.)
+        let read = self.send(&read).await.ok();
+        Ok((opened, read.map(|r| (handle, r))))
+    }
+
+    fn lock_forecast(&self) -> std::sync::MutexGuard<'_, HandleForecast> {
+        self.shared
+            .forecast
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// [`send`](Self::send), and the request's id.
+    async fn send_numbered(&self, req: &Request<'_>) -> RemoteResult<(PendingReply, u32)> {
         if self.shared.is_dead() {
             return Err(self.disconnected());
         }
@@ -367,17 +407,36 @@ impl SftpChannel {
                     _permits: Some((req_permit, byte_permit)),
                 },
             );
+            // Queued for the wire under the same lock, so that the forecast sees the
+            // handle-changing requests in the order the server will.
+            let packet = codec::encode_request(id, req);
+            if let Some(change) = change_of(req) {
+                self.lock_forecast().sent(id, change);
+            }
+            if self.writer.send(packet).is_err() {
+                drop(guard);
+                self.shared.kill("SFTP writer stopped".into());
+                return Err(self.disconnected());
+            }
             id
         };
-        let packet = codec::encode_request(id, req);
         trace!(channel = self.shared.index, id, op = req.name(), "send");
-        if self.writer.send(packet).is_err() {
-            self.shared.kill("SFTP writer stopped".into());
-        }
-        Ok(PendingReply {
-            rx,
-            shared: self.shared.clone(),
-        })
+        Ok((
+            PendingReply {
+                rx,
+                shared: self.shared.clone(),
+            },
+            id,
+        ))
+    }
+}
+
+/// How `req` changes the server's handle table, if it does.
+fn change_of(req: &Request<'_>) -> Option<Change> {
+    match req {
+        Request::Open { .. } | Request::Opendir { .. } => Some(Change::Open),
+        Request::Close { handle } => forecast::index_of(handle).map(Change::Close),
+        _ => None,
     }
 }
 
@@ -516,6 +575,15 @@ fn dispatch(
         .min_rtt
         .sample(now, now.saturating_duration_since(pending.sent));
     trace!(channel = shared.index, id, "reply");
+    let handle = match &result {
+        Ok(Response::Handle(h)) => Some(&h[..]),
+        _ => None,
+    };
+    shared
+        .forecast
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .answered(id, handle);
     if let Err(Ok(Response::Handle(handle))) = pending.tx.send(result) {
         // The caller gave up on an OPEN/OPENDIR: do not leak the server's handle.
         close_orphan(shared, writer, handle);
@@ -539,15 +607,19 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
             _permits: None,
         },
     );
-    drop(guard);
     debug!(
         channel = shared.index,
         id, "closing a handle whose opener went away"
     );
-    let _ = writer.send(codec::encode_request(
-        id,
-        &Request::Close { handle: &handle },
-    ));
+    let close = Request::Close { handle: &handle };
+    if let Some(change) = change_of(&close) {
+        shared
+            .forecast
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .sent(id, change);
+    }
+    let _ = writer.send(codec::encode_request(id, &close));
 }
 
 #[cfg(test)]

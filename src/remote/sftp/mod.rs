@@ -19,6 +19,7 @@ mod channel;
 pub mod codec;
 mod config;
 mod connect;
+mod forecast;
 mod known_hosts;
 mod pacing;
 
@@ -546,6 +547,26 @@ fn expect_ext(op: &str, r: Response) -> RemoteResult<Bytes> {
     }
 }
 
+/// What a READ of `len` bytes at offset 0, sent on the handle `forecast` right behind an
+/// OPEN that got the handle `opened`, read of the opened file: the data (fewer bytes than
+/// `len`: the file ends there), or None if it went on another handle (which may be another
+/// file of ours: its bytes are not this file's) or did not succeed.
+fn read_along(
+    forecast: &[u8],
+    opened: &[u8],
+    reply: RemoteResult<Response>,
+    len: u32,
+) -> Option<Bytes> {
+    if forecast != opened {
+        return None;
+    }
+    match reply {
+        Ok(Response::Data(d)) if d.len() <= len as usize => Some(d),
+        Ok(Response::Status { code: 1, .. }) => Some(Bytes::new()),
+        _ => None,
+    }
+}
+
 fn pflags(f: OpenFlags) -> u32 {
     let mut p = 0;
     if f.read {
@@ -905,6 +926,29 @@ impl Remote for SftpRemote {
             let c = self.inner.conn().await?;
             let ch = Self::channel_index(&c, c.pick());
             self.open_on(&c, ch, &req).await
+        })
+        .await
+    }
+
+    async fn open_read(&self, path: &Path, len: u32) -> RemoteResult<(SftpHandle, Option<Bytes>)> {
+        let req = open_request(path, OpenFlags::read_only(), 0);
+        self.once_more(true, || async {
+            let c = self.inner.conn().await?;
+            let ch = Self::channel_index(&c, c.pick());
+            let (opened, read) = c.channels[ch].open_and_read(&req, len).await?;
+            let raw = expect_handle(req.name(), opened.wait().await?)?;
+            let data = match read {
+                Some((forecast, reply)) => read_along(&forecast, &raw, reply.wait().await, len),
+                None => None,
+            };
+            Ok((
+                SftpHandle {
+                    raw,
+                    channel: ch,
+                    generation: c.generation,
+                },
+                data,
+            ))
         })
         .await
     }
@@ -1331,6 +1375,38 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_read_along_counts_only_on_the_handle_the_open_got() {
+        let data = || Ok(Response::Data(Bytes::from_static(b"abc")));
+        let eof = || {
+            Ok(Response::Status {
+                code: 1,
+                message: String::new(),
+            })
+        };
+        let h0 = 0u32.to_be_bytes();
+        let h1 = 1u32.to_be_bytes();
+        assert_eq!(
+            read_along(&h0, &h0, data(), 8).as_deref(),
+            Some(&b"abc"[..])
+        );
+        assert_eq!(read_along(&h0, &h0, eof(), 8).as_deref(), Some(&b""[..]));
+        // Another handle: the bytes of whatever file that is, or nothing.
+        assert_eq!(read_along(&h1, &h0, data(), 8), None);
+        assert_eq!(read_along(&h1, &h0, eof(), 8), None);
+        // More than asked for, or an error: read it the ordinary way.
+        assert_eq!(read_along(&h0, &h0, data(), 2), None);
+        let failure = Ok(Response::Status {
+            code: 4,
+            message: "bad handle".into(),
+        });
+        assert_eq!(read_along(&h0, &h0, failure, 8), None);
+        assert_eq!(
+            read_along(&h0, &h0, Err(RemoteError::Disconnected("x".into())), 8),
+            None
+        );
+    }
 
     #[test]
     fn limits_clamp() {
