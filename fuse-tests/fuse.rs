@@ -653,7 +653,7 @@ fn small_files_are_read_along_with_their_open() {
 
 /// The kernel keeps its cached pages of a file from one open to the next while they are
 /// younger than the attribute TTL and nothing shows a change (`keep_cache`): a second read
-/// does not cross the link. A change made on the server that neither the size nor the mtime
+/// does not cross the link, nor does its open. A change made on the server that neither the size nor the mtime
 /// shows (same length, mtime put back) is seen once the TTL has passed, as the TTL promises.
 #[test]
 fn file_pages_are_kept_across_opens_within_the_ttl() {
@@ -664,12 +664,18 @@ fn file_pages_are_kept_across_opens_within_the_ttl() {
         fs::write(m.e("f"), &data).unwrap();
         assert_same_bytes(&fs::read(m.p("f")).unwrap(), &data, "first read");
         let before = status_counter(&m.mnt, "bytes_read");
+        let deferred = status_counter(&m.mnt, "opens_deferred");
         assert_same_bytes(&fs::read(m.p("f")).unwrap(), &data, "second read");
         assert_same_bytes(&fs::read(m.p("f")).unwrap(), &data, "third read");
         assert_eq!(
             status_counter(&m.mnt, "bytes_read") - before,
             0,
             "the kernel's pages were dropped at an open"
+        );
+        assert_eq!(
+            status_counter(&m.mnt, "opens_deferred") - deferred,
+            2,
+            "a reopen asked the server"
         );
         // A change through the mount shows at once.
         let f = fs::OpenOptions::new().write(true).open(m.p("f")).unwrap();

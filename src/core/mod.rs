@@ -193,6 +193,9 @@ pub struct Stats {
     pub opens_fetched_ahead: AtomicU64,
     /// Opens whose file's first bytes came along with the OPEN (see [`Fs::read_along_len`]).
     pub opens_read_along: AtomicU64,
+    /// Opens answered without the server while the kernel keeps its pages (see
+    /// [`Fs::open_deferred`]).
+    pub opens_deferred: AtomicU64,
     /// Unlinks answered before the server's answer (see `remove_behind`).
     pub unlinks_behind: AtomicU64,
     /// Writes (and attribute changes behind them) on the wire when the connection was lost,
@@ -2186,6 +2189,11 @@ impl<R: Remote> Fs<R> {
     ) -> FsResult<(u64, bool)> {
         let before = (Instant::now(), self.cache.lock().unwrap().now());
         let keep = self.page_cache_keepable(ino);
+        if keep {
+            if let Some(fh) = self.open_deferred(ino, &req) {
+                return Ok((fh, true));
+            }
+        }
         let fh = self.open_reading_along(ino, req, !keep).await?;
         if !keep {
             // Opened from a copy fetched ahead: the kernel's reads get data as old as that.
@@ -2249,6 +2257,43 @@ impl<R: Remote> Fs<R> {
 
     pub async fn open(self: &Arc<Self>, ino: Ino, req: OpenRequest) -> FsResult<u64> {
         self.open_reading_along(ino, req, true).await
+    }
+
+    /// An open for reading of `ino` answered at once, without a server handle, when the
+    /// kernel keeps its cached pages of the file (`Fs::page_cache_keepable`): they were read
+    /// through an open that succeeded less than the attribute TTL ago, and nothing changed
+    /// the file through the mount since. Reopening a file read a moment ago (every `git`
+    /// command's config, index and packs; a build's headers; a second `grep -r`) then costs
+    /// no round trip: the server would say what it said then, as far as the attribute TTL
+    /// promises (a file removed or made unreadable on the server within it shows at the
+    /// first read that misses the page cache, which opens the file then, or after the TTL).
+    /// The descriptor is a snapshot without data (`Snapshot::deferred`): every path that
+    /// knows handle-less descriptors treats it as one (a read, or an unlink or rename of
+    /// its name, gives it a server handle first). Needs the file's attributes known.
+    fn open_deferred(&self, ino: Ino, req: &OpenRequest) -> Option<u64> {
+        if req.remote_flags() != OpenFlags::read_only()
+            || self.inodes.lock().unwrap().kind(ino) != Some(FileKind::File)
+        {
+            return None;
+        }
+        let (attrs, since) = {
+            let mut cache = self.cache.lock().unwrap();
+            (cache.get_attrs(ino)?.attrs, cache.now())
+        };
+        let snap = Snapshot {
+            data: Bytes::new(),
+            attrs,
+            planned: Instant::now(),
+            since,
+            deferred: true,
+        };
+        let fh = self.alloc_fh();
+        self.snapshots
+            .lock()
+            .unwrap()
+            .insert(fh, (ino, Arc::new(snap)));
+        self.stats.opens_deferred.fetch_add(1, Ordering::Relaxed);
+        Some(fh)
     }
 
     /// [`Fs::open`]; `read_along`: the file's first bytes may be read along with the open
@@ -2477,7 +2522,7 @@ impl<R: Remote> Fs<R> {
         let Some((ino, snap)) = self.snapshots.lock().unwrap().get(&fh).cloned() else {
             return Ok(None);
         };
-        if self.snapshot_current(ino, &snap, self.attr_ttl_for(ino)) {
+        if !snap.deferred && self.snapshot_current(ino, &snap, self.attr_ttl_for(ino)) {
             return Ok(Some(snap));
         }
         self.snapshot_to_handle(fh, ino).await?;
@@ -2682,6 +2727,7 @@ impl<R: Remote> Fs<R> {
                 attrs,
                 planned,
                 since,
+                deferred: false,
             })
         })
     }

@@ -79,6 +79,10 @@ pub struct Snapshot {
     pub planned: Instant,
     /// The change clock then.
     pub since: u64,
+    /// No data: an open answered without asking the server, because the kernel keeps its
+    /// cached pages of the file (see `Fs::open_deferred`); the first read that reaches us
+    /// opens the file on the server.
+    pub deferred: bool,
 }
 
 /// A fetch ahead: empty until the fetch ends, then the snapshot or `None` if it failed. An

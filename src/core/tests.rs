@@ -965,6 +965,79 @@ async fn cache_pages_kept_while_the_file_is_as_it_was_read() {
     );
 }
 
+/// Reopening a file whose pages the kernel keeps is answered without the server (no OPEN):
+/// the first read that reaches the mount opens the file then; an unlink of its name gives
+/// the descriptor a handle first, so it stays readable; a file removed on the server within
+/// the TTL fails at that first read. An open for writing always asks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reopen_within_the_ttl_asks_the_server_only_when_read() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"hello").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let open = |flags: i32| h.fs.open_keeping_cache(f, as_root(flags));
+    let opens = || h.plan.calls(ROp::Open);
+    let (fh, keep) = open(libc::O_RDONLY).await.unwrap();
+    assert!(!keep);
+    h.fs.release(fh).await.unwrap();
+    let n = opens();
+    let (fh, keep) = open(libc::O_RDONLY).await.unwrap();
+    assert!(keep);
+    assert_eq!(opens(), n, "a reopen asked the server");
+    assert_eq!(h.fs.stats.opens_deferred.load(Ordering::Relaxed), 1);
+    assert_eq!(
+        h.read(fh, 0, 100).await,
+        b"hello",
+        "a page the kernel did not have"
+    );
+    assert_eq!(opens(), n + 1, "opened at the first read");
+    assert_eq!(h.read(fh, 1, 100).await, b"ello");
+    h.fs.release(fh).await.unwrap();
+
+    let (w, keep) = open(libc::O_RDWR).await.unwrap();
+    assert!(keep, "nothing changed");
+    assert_eq!(opens(), n + 2, "an open for writing asks the server");
+    h.fs.release(w).await.unwrap();
+    // (A descriptor that may have written counts as a change when it closes, and leaves
+    // the attributes unknown: an open is answered without the server only with them known.)
+    assert_eq!(h.size(f, None).await, 5);
+    let (fh, keep) = open(libc::O_RDONLY).await.unwrap();
+    assert!(!keep);
+    h.fs.release(fh).await.unwrap();
+
+    let (fh, keep) = open(libc::O_RDONLY).await.unwrap();
+    assert!(keep);
+    assert_eq!(opens(), n + 3);
+    h.fs.unlink(ROOT, os("f")).await.unwrap();
+    assert!(!h.disk("f").exists());
+    assert_eq!(
+        h.read(fh, 0, 100).await,
+        b"hello",
+        "read after its name went"
+    );
+    h.fs.release(fh).await.unwrap();
+
+    // Removed on the server within the TTL: the open cannot tell, the first read can.
+    std::fs::write(h.disk("g"), b"gone soon").unwrap();
+    let g = h.lookup(ROOT, "g").await;
+    let (fh, _) =
+        h.fs.open_keeping_cache(g, as_root(libc::O_RDONLY))
+            .await
+            .unwrap();
+    h.fs.release(fh).await.unwrap();
+    let (fh, keep) =
+        h.fs.open_keeping_cache(g, as_root(libc::O_RDONLY))
+            .await
+            .unwrap();
+    assert!(keep);
+    std::fs::remove_file(h.disk("g")).unwrap();
+    assert!(
+        h.fs.read(fh, 0, 100).await.is_err(),
+        "read of a file removed on the server"
+    );
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
 /// No attribute TTL, or a file with links the mount does not know (its TTL is 0): the
 /// kernel's pages are dropped at every open, as the attributes are asked for every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -331,7 +331,7 @@ impl SftpChannel {
     /// Queue `req` for sending and return without waiting for the reply. Packets queued by
     /// successive calls go on the wire in call order. Waits only for the in-flight bounds.
     pub(crate) async fn send(&self, req: &Request<'_>) -> RemoteResult<PendingReply> {
-        self.send_numbered(req).await.map(|(reply, _)| reply)
+        self.send_forecast(req).await.map(|(reply, _)| reply)
     }
 
     /// Send an OPEN (`open`, a read-only open of a file) and, when the handle it will get
@@ -343,8 +343,8 @@ impl SftpChannel {
         open: &Request<'_>,
         len: u32,
     ) -> RemoteResult<(PendingReply, Option<(Bytes, PendingReply)>)> {
-        let (opened, id) = self.send_numbered(open).await?;
-        let Some(handle) = self.lock_forecast().handle_for(id) else {
+        let (opened, forecast) = self.send_forecast(open).await?;
+        let Some(handle) = forecast else {
             return Ok((opened, None));
         };
         let read = Request::Read {
@@ -364,8 +364,12 @@ impl SftpChannel {
             .unwrap_or_else(|e| e.into_inner())
     }
 
-    /// [`send`](Self::send), and the request's id.
-    async fn send_numbered(&self, req: &Request<'_>) -> RemoteResult<(PendingReply, u32)> {
+    /// [`send`](Self::send), and for an OPEN or OPENDIR the handle it will get if it
+    /// succeeds, as forecast when it was queued (see `forecast`).
+    async fn send_forecast(
+        &self,
+        req: &Request<'_>,
+    ) -> RemoteResult<(PendingReply, Option<Bytes>)> {
         if self.shared.is_dead() {
             return Err(self.disconnected());
         }
@@ -388,7 +392,7 @@ impl SftpChannel {
         // From here to the end there is no await: the request is registered and queued
         // entirely, or not at all.
         let (tx, rx) = oneshot::channel();
-        let id = {
+        let (id, forecast) = {
             let mut guard = self
                 .shared
                 .pending
@@ -410,15 +414,13 @@ impl SftpChannel {
             // Queued for the wire under the same lock, so that the forecast sees the
             // handle-changing requests in the order the server will.
             let packet = codec::encode_request(id, req);
-            if let Some(change) = change_of(req) {
-                self.lock_forecast().sent(id, change);
-            }
+            let forecast = change_of(req).and_then(|c| self.lock_forecast().sent(id, c));
             if self.writer.send(packet).is_err() {
                 drop(guard);
                 self.shared.kill("SFTP writer stopped".into());
                 return Err(self.disconnected());
             }
-            id
+            (id, forecast)
         };
         trace!(channel = self.shared.index, id, op = req.name(), "send");
         Ok((
@@ -426,7 +428,7 @@ impl SftpChannel {
                 rx,
                 shared: self.shared.clone(),
             },
-            id,
+            forecast,
         ))
     }
 }
@@ -613,7 +615,7 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
     );
     let close = Request::Close { handle: &handle };
     if let Some(change) = change_of(&close) {
-        shared
+        let _ = shared
             .forecast
             .lock()
             .unwrap_or_else(|e| e.into_inner())

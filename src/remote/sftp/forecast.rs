@@ -65,10 +65,17 @@ pub(crate) fn index_of(handle: &[u8]) -> Option<u32> {
 }
 
 impl HandleForecast {
-    /// Request `id`, which makes `change`, was sent.
-    pub(crate) fn sent(&mut self, id: u32, change: Change) {
-        if self.usable {
-            self.in_flight.push_back((id, change));
+    /// Request `id`, which makes `change`, was sent. For an OPEN, the handle it will get
+    /// (see [`HandleForecast::handle_for`]), told now: its answer may come before its sender
+    /// asks, and an answered request is no longer in flight.
+    pub(crate) fn sent(&mut self, id: u32, change: Change) -> Option<Bytes> {
+        if !self.usable {
+            return None;
+        }
+        self.in_flight.push_back((id, change));
+        match change {
+            Change::Open => self.handle_for(id),
+            Change::Close(_) => None,
         }
     }
 
@@ -193,7 +200,7 @@ mod tests {
         // Three opens answered: 0, 1, 2.
         for want in 0..3 {
             let i = next();
-            f.sent(i, Change::Open);
+            assert_eq!(f.sent(i, Change::Open).unwrap(), h(want));
             assert_eq!(f.handle_for(i).unwrap(), h(want));
             f.answered(i, Some(&h(server.open())));
         }
@@ -245,11 +252,10 @@ mod tests {
     #[test]
     fn a_handle_the_model_did_not_expect_turns_it_off() {
         let mut f = HandleForecast::default();
-        f.sent(1, Change::Open);
-        assert_eq!(f.handle_for(1).unwrap(), h(0));
+        assert_eq!(f.sent(1, Change::Open).unwrap(), h(0));
         f.answered(1, Some(b"some-other-server-handle"));
         assert!(!f.is_usable());
-        f.sent(2, Change::Open);
+        assert_eq!(f.sent(2, Change::Open), None);
         assert_eq!(f.handle_for(2), None);
 
         let mut f = HandleForecast::default();
