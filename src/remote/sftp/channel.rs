@@ -392,7 +392,8 @@ impl SftpChannel {
         // From here to the end there is no await: the request is registered and queued
         // entirely, or not at all.
         let (tx, rx) = oneshot::channel();
-        let (id, forecast) = {
+        let change = change_of(req);
+        let (id, forecast, queued) = {
             let mut guard = self
                 .shared
                 .pending
@@ -411,17 +412,28 @@ impl SftpChannel {
                     _permits: Some((req_permit, byte_permit)),
                 },
             );
-            // Queued for the wire under the same lock, so that the forecast sees the
-            // handle-changing requests in the order the server will.
-            let packet = codec::encode_request(id, req);
-            let forecast = change_of(req).and_then(|c| self.lock_forecast().sent(id, c));
-            if self.writer.send(packet).is_err() {
-                drop(guard);
-                self.shared.kill("SFTP writer stopped".into());
-                return Err(self.disconnected());
+            match change {
+                // Queued for the wire under the same lock, so that the forecast sees the
+                // handle-changing requests in the order the server will. (Only those: the
+                // lock is taken for every request and every reply, and the others need no
+                // order among themselves.)
+                Some(c) => {
+                    let packet = codec::encode_request(id, req);
+                    let forecast = self.lock_forecast().sent(id, c);
+                    if self.writer.send(packet).is_err() {
+                        drop(guard);
+                        self.shared.kill("SFTP writer stopped".into());
+                        return Err(self.disconnected());
+                    }
+                    (id, forecast, true)
+                }
+                None => (id, None, false),
             }
-            (id, forecast)
         };
+        if !queued && self.writer.send(codec::encode_request(id, req)).is_err() {
+            self.shared.kill("SFTP writer stopped".into());
+            return Err(self.disconnected());
+        }
         trace!(channel = self.shared.index, id, op = req.name(), "send");
         Ok((
             PendingReply {
