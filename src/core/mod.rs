@@ -2181,7 +2181,7 @@ impl<R: Remote> Fs<R> {
     // ---------------------------------------------------------------- files
 
     /// An open as the kernel sees it: the descriptor, and whether the kernel may keep the
-    /// pages it has cached of the file (`keep_cache`; see [`Fs::page_cache_kept`]).
+    /// pages it has cached of the file (`keep_cache`; see [`Fs::page_cache_keepable`]).
     pub async fn open_keeping_cache(
         self: &Arc<Self>,
         ino: Ino,
