@@ -112,22 +112,15 @@ impl<R: Remote> Fs<R> {
             // sftp-server would append wherever the offset says: not what was asked.
             return Err(leave_to_kernel("destination opened with O_APPEND"));
         }
-        match self.snapshot(fh_in) {
-            Some(snap) if snap.deferred => {
+        let without_handle = self.snapshots.lock().unwrap().get(&fh_in).cloned();
+        match without_handle {
+            Some((ino, snap)) if snap.deferred => {
                 // Opened without the server (the kernel keeps its pages): the copy needs
-                // the source's handle.
-                let (ino, _) = self
-                    .snapshots
-                    .lock()
-                    .unwrap()
-                    .get(&fh_in)
-                    .cloned()
-                    .ok_or_else(|| FsError::new(libc::EBADF, format!("no open file {fh_in}")))?;
-                if self.snapshot_to_handle(fh_in, ino).await.is_err() {
-                    // (The kernel's copy reads through the same descriptor, and reports
-                    // what the server says then.)
-                    return Err(leave_to_kernel("the source cannot be opened on the server"));
-                }
+                // the source's handle. (If the server will not open it, the kernel's copy
+                // reads through the same descriptor, and reports what the server says then.)
+                self.snapshot_to_handle(fh_in, ino)
+                    .await
+                    .map_err(|_| leave_to_kernel("the source cannot be opened on the server"))?;
             }
             Some(_) => {
                 // A small file fetched ahead is in memory already: the kernel's copy reads

@@ -188,6 +188,18 @@ impl Harness {
         }
     }
 
+    /// Open `ino` as the kernel does (see `Fs::open_keeping_cache`) and close it again:
+    /// whether the kernel was told to keep its cached pages.
+    async fn open_keeps_cache(&self, ino: Ino, flags: i32) -> bool {
+        let (fh, keep) = self
+            .fs
+            .open_keeping_cache(ino, as_root(flags))
+            .await
+            .unwrap_or_else(|e| panic!("open {ino} flags {flags:#o}: {e}"));
+        self.fs.release(fh).await.unwrap();
+        keep
+    }
+
     async fn write(&self, fh: u64, offset: u64, data: &[u8]) {
         let n = self.fs.write(fh, offset, data).await.unwrap();
         assert_eq!(
@@ -900,14 +912,7 @@ async fn cache_pages_kept_while_the_file_is_as_it_was_read() {
     let h = Harness::new();
     std::fs::write(h.disk("f"), b"12345").unwrap();
     let f = h.lookup(ROOT, "f").await;
-    let open = |flags: i32| {
-        let fs = h.fs.clone();
-        async move {
-            let (fh, keep) = fs.open_keeping_cache(f, as_root(flags)).await.unwrap();
-            fs.release(fh).await.unwrap();
-            keep
-        }
-    };
+    let open = |flags: i32| h.open_keeps_cache(f, flags);
     assert!(!open(libc::O_RDONLY).await, "first open");
     assert!(open(libc::O_RDONLY).await, "nothing changed");
     assert!(open(libc::O_RDWR).await, "an open for writing is no change");
@@ -1019,11 +1024,7 @@ async fn reopen_within_the_ttl_asks_the_server_only_when_read() {
     // Removed on the server within the TTL: the open cannot tell, the first read can.
     std::fs::write(h.disk("g"), b"gone soon").unwrap();
     let g = h.lookup(ROOT, "g").await;
-    let (fh, _) =
-        h.fs.open_keeping_cache(g, as_root(libc::O_RDONLY))
-            .await
-            .unwrap();
-    h.fs.release(fh).await.unwrap();
+    assert!(!h.open_keeps_cache(g, libc::O_RDONLY).await);
     let (fh, keep) =
         h.fs.open_keeping_cache(g, as_root(libc::O_RDONLY))
             .await
@@ -1052,12 +1053,7 @@ async fn cache_pages_never_kept_without_a_ttl() {
     std::fs::write(h.disk("f"), b"12345").unwrap();
     let f = h.lookup(ROOT, "f").await;
     for i in 0..3 {
-        let (fh, keep) =
-            h.fs.open_keeping_cache(f, as_root(libc::O_RDONLY))
-                .await
-                .unwrap();
-        h.fs.release(fh).await.unwrap();
-        assert!(!keep, "open {i}");
+        assert!(!h.open_keeps_cache(f, libc::O_RDONLY).await, "open {i}");
     }
 
     let h = Harness::new();
@@ -1065,23 +1061,19 @@ async fn cache_pages_never_kept_without_a_ttl() {
     // A second name made on the server, which the mount learns of from a listing only.
     std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
     let x = h.lookup(ROOT, "x").await;
-    let keep = |h: &Harness| {
-        let fs = h.fs.clone();
-        async move {
-            let (fh, keep) = fs
-                .open_keeping_cache(x, as_root(libc::O_RDONLY))
-                .await
-                .unwrap();
-            fs.release(fh).await.unwrap();
-            keep
-        }
-    };
-    assert!(!keep(&h).await);
-    assert!(keep(&h).await, "one name, nothing changed");
+    assert!(!h.open_keeps_cache(x, libc::O_RDONLY).await);
+    assert!(
+        h.open_keeps_cache(x, libc::O_RDONLY).await,
+        "one name, nothing changed"
+    );
     list_plus(&h, ROOT).await;
     assert!(h.fs.getattr(x, None).await.unwrap().1.is_zero());
-    assert!(!keep(&h).await, "links the mount does not know");
-    assert!(!keep(&h).await, "links the mount does not know, again");
+    for again in [false, true] {
+        assert!(
+            !h.open_keeps_cache(x, libc::O_RDONLY).await,
+            "links the mount does not know (again: {again})"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -123,6 +123,10 @@ impl Shared {
         *self.dead_tx.borrow()
     }
 
+    fn lock_forecast(&self) -> std::sync::MutexGuard<'_, HandleForecast> {
+        self.forecast.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Allocate an id that is not in use (ids wrap after 2^32 requests).
     fn alloc_id(&self, pending: &HashMap<u32, Pending>) -> u32 {
         loop {
@@ -357,13 +361,6 @@ impl SftpChannel {
         Ok((opened, read.map(|r| (handle, r))))
     }
 
-    fn lock_forecast(&self) -> std::sync::MutexGuard<'_, HandleForecast> {
-        self.shared
-            .forecast
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     /// [`send`](Self::send), and for an OPEN or OPENDIR the handle it will get if it
     /// succeeds, as forecast when it was queued (see `forecast`).
     async fn send_forecast(
@@ -419,7 +416,7 @@ impl SftpChannel {
                 // order among themselves.)
                 Some(c) => {
                     let packet = codec::encode_request(id, req);
-                    let forecast = self.lock_forecast().sent(id, c);
+                    let forecast = self.shared.lock_forecast().sent(id, c);
                     if self.writer.send(packet).is_err() {
                         drop(guard);
                         self.shared.kill("SFTP writer stopped".into());
@@ -593,11 +590,7 @@ fn dispatch(
         Ok(Response::Handle(h)) => Some(&h[..]),
         _ => None,
     };
-    shared
-        .forecast
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .answered(id, handle);
+    shared.lock_forecast().answered(id, handle);
     if let Err(Ok(Response::Handle(handle))) = pending.tx.send(result) {
         // The caller gave up on an OPEN/OPENDIR: do not leak the server's handle.
         close_orphan(shared, writer, handle);
@@ -627,11 +620,7 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
     );
     let close = Request::Close { handle: &handle };
     if let Some(change) = change_of(&close) {
-        let _ = shared
-            .forecast
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .sent(id, change);
+        let _ = shared.lock_forecast().sent(id, change);
     }
     let _ = writer.send(codec::encode_request(id, &close));
 }
