@@ -1865,19 +1865,45 @@ fn rename_onto_a_hard_link_of_the_same_file_is_a_no_op() {
 }
 
 /// Hard links made on the server cannot be recognised over SFTP v3: each name is an inode of
-/// its own on the mount. Once a listing showed their link count, their attributes are not
-/// cached, so a change made through one name is seen through the other at once.
+/// its own on the mount. They are cached as any file (the kernel keeps their pages across
+/// opens), until a change made through one name: then the kernel is told to drop what it
+/// has of the others, so the change is seen through them at once, even one that keeps the
+/// size and the (whole-second) mtime.
 #[test]
 fn server_made_hard_links_are_not_served_stale() {
-    let m = TestMount::start(&[]);
+    // A TTL no stall of this machine can run out: only the mount's word drops the caches.
+    let m = TestMount::start(&["attr_timeout=3600", "entry_timeout=3600"]);
     fs::write(m.e("x"), b"data").unwrap();
     fs::hard_link(m.e("x"), m.e("y")).unwrap();
     let listed = listed_links(&m.mnt);
     assert_eq!((listed[os(b"x")].1, listed[os(b"y")].1), (2, 2));
     assert_eq!(fs::read(m.p("y")).unwrap(), b"data");
+    let before = status_counter(&m.mnt, "bytes_read");
+    assert_eq!(fs::read(m.p("y")).unwrap(), b"data");
+    assert_eq!(
+        status_counter(&m.mnt, "bytes_read") - before,
+        0,
+        "y read from the server again: not cached"
+    );
+    // Read through a descriptor of y opened before the change, and stat without an open:
+    // the kernel's pages and attributes, which only the mount's word can drop. Same size,
+    // same second first.
+    let y = fs::File::open(m.p("y")).unwrap();
+    let read_y = || {
+        let mut b = [0u8; 16];
+        let n = y.read_at(&mut b, 0).unwrap();
+        b[..n].to_vec()
+    };
+    assert_eq!(read_y(), b"data");
+    let f = fs::OpenOptions::new().write(true).open(m.p("x")).unwrap();
+    f.write_all_at(b"DATA", 0).unwrap();
+    drop(f);
+    assert_eq!(read_y(), b"DATA", "read through y");
+    assert!(status_counter(&m.mnt, "shared_drops") > 0);
     assert_eq!(fs::metadata(m.p("y")).unwrap().len(), 4);
     fs::write(m.p("x"), b"changed").unwrap();
     assert_eq!(fs::metadata(m.p("y")).unwrap().len(), 7, "size through y");
+    assert_eq!(read_y(), b"changed", "read through y");
     assert_eq!(fs::read(m.p("y")).unwrap(), b"changed", "read through y");
     fs::set_permissions(m.p("x"), fs::Permissions::from_mode(0o600)).unwrap();
     assert_eq!(fs::metadata(m.p("y")).unwrap().mode() & 0o777, 0o600);

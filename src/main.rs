@@ -493,6 +493,10 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             "  copied      {} bytes copied by the server (copy_file_range, cp)",
             m["bytes_copied_on_server"]
         );
+        outln!(
+            "  links       {} cached files dropped for a change through another name (hard links made on the server)",
+            m["shared_drops"]
+        );
         outln!("  pid         {}", m["pid"]);
     }
     Ok(())

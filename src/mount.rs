@@ -469,6 +469,13 @@ fn run_inner(
         (s, Unmounter::Fuser(u))
     };
     tracing::info!(remote = %root.display(), mountpoint = %mountpoint.display(), "mounted");
+    let notifier = session.notifier();
+    fs.kernel_caches().connect(Box::new(move |ino| {
+        // ENOENT: the kernel no longer knows the inode, so it caches nothing of it.
+        if let Err(e) = notifier.inval_inode(fuser::INodeNo(ino), 0, 0) {
+            tracing::trace!(ino, "inval_inode: {e}");
+        }
+    }));
     set_readahead(
         &mountpoint,
         req.options.max_readahead.unwrap_or(DEFAULT_READAHEAD),
@@ -819,6 +826,7 @@ fn control_handlers(
                 "bytes_striped": stats.bytes_striped.load(Relaxed),
                 "writes_sent_again": stats.writes_sent_again.load(Relaxed),
                 "bytes_copied_on_server": stats.bytes_copied_on_server.load(Relaxed),
+                "shared_drops": stats.shared_drops.load(Relaxed),
                 "open_files": status_fs.open_file_count(),
             })
         }),

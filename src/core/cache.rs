@@ -82,6 +82,11 @@ pub struct MetaCache {
     attrs: LruCache<Ino, (CachedAttrs, Instant)>,
     negative: LruCache<(Ino, OsString), Instant>,
     dirs: LruCache<Ino, (Arc<Vec<DirEntry>>, Instant)>,
+    /// Directories whose cached listing shows a file with links of which the listing cannot
+    /// tell the names (see [`MetaCache::shared_data_changed`]), and whether a listing
+    /// fetched ahead may show one.
+    shared_dirs: std::collections::HashSet<Ino>,
+    shared_ahead: bool,
     /// Listings fetched ahead of a walk, by server path, of directories without an inode yet,
     /// with the change clock from before each was asked for. The directory's inode takes its
     /// listing over when a lookup creates it (`Fs::adopt_listing_ahead`). The mount cannot tell which
@@ -104,6 +109,11 @@ fn dir_cap(config: &CacheConfig) -> NonZeroUsize {
     cap((config.max_entries / 64).max(16))
 }
 
+/// A regular file whose link count says it has other names.
+fn multiply_linked(e: &DirEntry) -> bool {
+    e.nlink.is_some_and(|n| n > 1) && e.attrs.file_type() == FileKind::File
+}
+
 impl MetaCache {
     pub fn new(config: CacheConfig) -> Self {
         MetaCache {
@@ -115,6 +125,8 @@ impl MetaCache {
             attrs: LruCache::new(cap(config.max_entries)),
             negative: LruCache::new(cap(config.max_entries)),
             dirs: LruCache::new(dir_cap(&config)),
+            shared_dirs: std::collections::HashSet::new(),
+            shared_ahead: false,
             dirs_ahead: LruCache::new(dir_cap(&config)),
             links: LruCache::new(cap(config.max_entries / 4)),
             statvfs: None,
@@ -347,6 +359,7 @@ impl MetaCache {
         if self.config.dir_ttl.is_zero() {
             return;
         }
+        self.note_shared(dir, &listing);
         self.dirs
             .put(dir, (listing, Instant::now() + self.config.dir_ttl));
     }
@@ -355,6 +368,7 @@ impl MetaCache {
     /// if a name changed through the mount since it was asked for: it may predate that change.
     pub fn put_dir_ahead(&mut self, path: PathBuf, listed: ListedAhead) {
         if !self.config.dir_ttl.is_zero() && self.still_good(&listed) {
+            self.shared_ahead |= listed.listing.iter().any(multiply_linked);
             self.dirs_ahead.put(path, listed);
         }
     }
@@ -395,7 +409,46 @@ impl MetaCache {
         if self.config.dir_ttl.is_zero() || until <= Instant::now() {
             return;
         }
+        self.note_shared(dir, &listing);
         self.dirs.put(dir, (listing, until));
+    }
+
+    fn note_shared(&mut self, dir: Ino, listing: &[DirEntry]) {
+        if listing.iter().any(multiply_linked) {
+            self.shared_dirs.insert(dir);
+        }
+    }
+
+    /// A file that may have links made on the server changed through the mount: whatever a
+    /// cached listing says of a file with links it cannot name may be that file's old
+    /// attributes. Those entries' attributes become unknown (a lookup asks the server), the
+    /// listings fetched ahead showing one go, and on the change clock their directories
+    /// changed, so that a listing of them on its way, and a file fetched ahead by name from
+    /// them, are not trusted either.
+    pub fn shared_data_changed(&mut self) {
+        let dirs: Vec<Ino> = self.shared_dirs.drain().collect();
+        for dir in dirs {
+            if let Some((listing, _)) = self.dirs.get_mut(&dir) {
+                for e in Arc::make_mut(listing).iter_mut() {
+                    if multiply_linked(e) {
+                        e.attrs.size = None;
+                    }
+                }
+            }
+            self.clock += 1;
+            self.changed.insert(dir, self.clock);
+        }
+        if std::mem::take(&mut self.shared_ahead) {
+            let gone: Vec<PathBuf> = self
+                .dirs_ahead
+                .iter()
+                .filter(|(_, l)| l.listing.iter().any(multiply_linked))
+                .map(|(p, _)| p.clone())
+                .collect();
+            for p in gone {
+                self.dirs_ahead.pop(&p);
+            }
+        }
     }
 
     /// The listing entry of `name` in `parent` now has these attributes, or (`None`) ones we
@@ -409,6 +462,9 @@ impl MetaCache {
                 match attrs {
                     Some(a) => e.attrs = a,
                     None => e.attrs.size = None,
+                }
+                if attrs.is_some() && multiply_linked(e) {
+                    self.shared_dirs.insert(parent);
                 }
             }
         }
@@ -432,6 +488,9 @@ impl MetaCache {
                 let listing = Arc::make_mut(listing);
                 if let Some(e) = listing.iter_mut().find(|e| unknown(e)) {
                     e.attrs = attrs;
+                    if multiply_linked(e) {
+                        self.shared_dirs.insert(parent);
+                    }
                 }
             }
         }

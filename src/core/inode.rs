@@ -16,7 +16,7 @@
 //! and dropped (with all its names) when the kernel forgets it. Inode numbers are never reused
 //! during a mount, so a stale number held by the kernel can never address a different file.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 use std::time::SystemTime;
@@ -84,6 +84,10 @@ pub struct InodeTable {
     nodes: HashMap<Ino, Node>,
     by_name: HashMap<(Ino, OsString), Ino>,
     next_ino: Ino,
+    /// Inodes with links the mount does not know by name whose attributes or data may be
+    /// cached (by the kernel or by the mount) since they were last dropped: what a change
+    /// through another name must drop (see [`InodeTable::take_shared_cached`]).
+    shared_cached: HashSet<Ino>,
 }
 
 impl Default for InodeTable {
@@ -111,6 +115,7 @@ impl InodeTable {
             nodes,
             by_name: HashMap::new(),
             next_ino: ROOT_INO + 1,
+            shared_cached: HashSet::new(),
         }
     }
 
@@ -228,6 +233,38 @@ impl InodeTable {
         })
     }
 
+    /// Whether a change of `ino`'s data or attributes through the mount may show through
+    /// other inodes: a regular file with links the mount does not know by name, or whose
+    /// link count is unknown (never listed, and not made here).
+    pub fn may_share_data(&self, ino: Ino) -> bool {
+        self.nodes.get(&ino).is_some_and(|n| {
+            n.kind == FileKind::File && n.nlink.is_none_or(|l| l as usize > n.names.len().max(1))
+        })
+    }
+
+    /// `ino` has links the mount does not know by name, and its attributes or data are
+    /// about to be cached: remember it, for the next change that may show through it.
+    /// Returns whether it has such links.
+    pub fn note_if_shared(&mut self, ino: Ino) -> bool {
+        let shared = self.has_unknown_links(ino);
+        if shared {
+            self.shared_cached.insert(ino);
+        }
+        shared
+    }
+
+    /// The inodes noted by [`InodeTable::note_if_shared`] since the last call, other than
+    /// `changed` (whose own caches follow its change as usual): a change through `changed`
+    /// may show through any of them, so what is cached of them must go.
+    pub fn take_shared_cached(&mut self, changed: Ino) -> Vec<Ino> {
+        let kept = self.shared_cached.remove(&changed);
+        let taken = self.shared_cached.drain().collect();
+        if kept {
+            self.shared_cached.insert(changed);
+        }
+        taken
+    }
+
     /// The path of `ino` relative to the export root.
     pub fn location(&self, ino: Ino) -> Location {
         let mut parts: Vec<&OsStr> = Vec::new();
@@ -336,6 +373,7 @@ impl InodeTable {
             }
         }
         self.nodes.remove(&ino);
+        self.shared_cached.remove(&ino);
     }
 
     /// `name` in `parent` was removed through the mount (or found missing): the inode, if
@@ -573,5 +611,31 @@ mod tests {
             !t.has_unknown_links(d),
             "directories have subdirectory links"
         );
+    }
+
+    #[test]
+    fn a_change_that_may_show_through_other_names_takes_the_shared_inodes_noted() {
+        let mut t = InodeTable::new();
+        let x = t.lookup(ROOT_INO, os("x"), FileKind::File);
+        let y = t.lookup(ROOT_INO, os("y"), FileKind::File);
+        let one = t.lookup(ROOT_INO, os("one"), FileKind::File);
+        let d = t.lookup(ROOT_INO, os("d"), FileKind::Dir);
+        assert!(t.may_share_data(x), "link count unknown");
+        t.set_nlink(one, 1);
+        assert!(!t.may_share_data(one));
+        assert!(!t.may_share_data(d));
+        t.set_nlink(x, 2);
+        t.set_nlink(y, 2);
+        assert!(t.may_share_data(x));
+        assert!(!t.note_if_shared(one));
+        assert!(t.note_if_shared(x) && t.note_if_shared(y));
+        // The changed one keeps its note; the others are taken once.
+        assert_eq!(t.take_shared_cached(x), vec![y]);
+        assert_eq!(t.take_shared_cached(x), Vec::<Ino>::new());
+        assert_eq!(t.take_shared_cached(one), vec![x]);
+        // Forgotten: nothing left to drop.
+        t.note_if_shared(y);
+        t.forget(y, 1);
+        assert_eq!(t.take_shared_cached(one), Vec::<Ino>::new());
     }
 }

@@ -12,6 +12,7 @@ mod copy;
 pub mod errno;
 pub mod file;
 pub mod inode;
+pub mod kernel_caches;
 mod names;
 pub mod prefetch;
 mod remove_behind;
@@ -206,6 +207,9 @@ pub struct Stats {
     pub bytes_copied_on_server: AtomicU64,
     /// Listings fetched ahead of a walk by path (see `walk_ahead`).
     pub dirs_listed_ahead: AtomicU64,
+    /// Inodes whose cached attributes and data were dropped because a file that may be
+    /// another name of theirs changed (see [`Fs::shared_data_changed`]).
+    pub shared_drops: AtomicU64,
 }
 
 /// How many subdirectory listings may wait to be prefetched, for the whole mount. Past that,
@@ -290,6 +294,9 @@ pub struct Fs<R: Remote> {
     removes_behind: RemovesBehind,
     /// Renames and unlinks on their way to the server, for opening live files by name.
     names: names::NameChanges,
+    /// What the kernel caches of inodes, dropped when the mount says so (see
+    /// [`Fs::shared_data_changed`]).
+    kernel_caches: kernel_caches::KernelCaches,
     pub stats: Stats,
 }
 
@@ -443,8 +450,14 @@ impl<R: Remote> Fs<R> {
             read_along: Mutex::new(HashMap::new()),
             removes_behind: RemovesBehind::default(),
             names: names::NameChanges::default(),
+            kernel_caches: kernel_caches::KernelCaches::default(),
             stats: Stats::default(),
         }
+    }
+
+    /// What the kernel caches: connect it once the kernel connection is up.
+    pub fn kernel_caches(&self) -> &kernel_caches::KernelCaches {
+        &self.kernel_caches
     }
 
     pub fn remote(&self) -> &Arc<R> {
@@ -650,19 +663,66 @@ impl<R: Remote> Fs<R> {
         }
     }
 
-    /// How long the kernel may keep the attributes of `ino`. Zero for a file with hard links
-    /// the mount does not know by name (made on the server: SFTP v3 cannot tell which names
-    /// are one file, so each is an inode of its own here): a change through one name must
-    /// not leave another showing an old size (which would also cut reads short) or mode.
-    /// With `auto_inval_data` a read revalidates expired attributes, and an open without
-    /// `keep_cache` drops the page cache, so such files are never served stale from the
-    /// kernel's caches past the next `stat`, `open` or `read`.
+    /// How long the kernel may keep the attributes of `ino`, and the mount what it caches
+    /// of it (attributes, fetched data, the kernel's pages kept across opens): the attribute
+    /// TTL. Asked for whenever something of `ino` is about to be cached, so a file with hard
+    /// links the mount does not know by name (made on the server: SFTP v3 cannot tell which
+    /// names are one file, so each is an inode of its own here) is noted then: a change
+    /// through one of its other names drops it all ([`Fs::shared_data_changed`]).
     pub fn attr_ttl_for(&self, ino: Ino) -> Duration {
-        if self.inodes.lock().unwrap().has_unknown_links(ino) {
-            Duration::ZERO
-        } else {
-            self.cache_config().attr_ttl
+        self.inodes.lock().unwrap().note_if_shared(ino);
+        self.cache_config().attr_ttl
+    }
+
+    /// A change of `ino` through the mount (data or attributes) may show through inodes the
+    /// mount cannot tell are the same file: the names of a file hard-linked on the server
+    /// are inodes of their own here. So when `ino` may be such a file (a regular file with
+    /// links the mount does not know by name, or an unknown link count), every inode with
+    /// such links whose attributes or data may be cached since the last time (here, or in
+    /// the kernel) has them dropped: its cached attributes, pages and fetched data, the
+    /// listing entries of such files, and the kernel's attributes and pages of those inodes
+    /// (sent from a thread of its own; requests that report a change done, a close, an fsync
+    /// or a setattr, wait for it: [`Fs::kernel_caches_settled`]). The next look at any of
+    /// them asks the server, which has the change once it has landed.
+    fn shared_data_changed(&self, ino: Ino) {
+        let others = {
+            let mut inodes = self.inodes.lock().unwrap();
+            if !inodes.may_share_data(ino) {
+                return;
+            }
+            inodes
+                .take_shared_cached(ino)
+                .into_iter()
+                .map(|o| (o, inodes.names_of(o)))
+                .collect::<Vec<_>>()
+        };
+        let mut cache = self.cache.lock().unwrap();
+        cache.shared_data_changed();
+        for (other, names) in &others {
+            cache.touch(*other);
+            for (parent, name) in names {
+                cache.listing_update(*parent, name, None);
+            }
         }
+        drop(cache);
+        if !others.is_empty() {
+            self.stats
+                .shared_drops
+                .fetch_add(others.len() as u64, Ordering::Relaxed);
+            tracing::debug!(
+                ino,
+                others = others.len(),
+                "a file with unknown links changed"
+            );
+        }
+        self.kernel_caches
+            .invalidate(others.into_iter().map(|(o, _)| o).collect());
+    }
+
+    /// Wait until the kernel has dropped what [`Fs::shared_data_changed`] told it to: a
+    /// change reported done must show through every name.
+    async fn kernel_caches_settled(&self) {
+        self.kernel_caches.settled().await;
     }
 
     /// lstat (or stat, with follow_symlinks) of a server path.
@@ -918,12 +978,7 @@ impl<R: Remote> Fs<R> {
 
     /// Remote attributes of an inode, through the cache.
     async fn fetch_attrs(&self, ino: Ino) -> FsResult<CachedAttrs> {
-        // A file with links the mount cannot see may have changed through another name.
-        let cacheable = !self.inodes.lock().unwrap().has_unknown_links(ino);
-        if let Some(a) = cacheable
-            .then(|| self.cache.lock().unwrap().get_attrs(ino))
-            .flatten()
-        {
+        if let Some(a) = self.cache.lock().unwrap().get_attrs(ino) {
             return Ok(a);
         }
         let path = self.path_of(ino)?;
@@ -963,7 +1018,11 @@ impl<R: Remote> Fs<R> {
         if !self.writers_of(ino).is_empty() {
             return;
         }
-        let names = self.inodes.lock().unwrap().names_of(ino);
+        let names = {
+            let mut inodes = self.inodes.lock().unwrap();
+            inodes.note_if_shared(ino);
+            inodes.names_of(ino)
+        };
         let mut cache = self.cache.lock().unwrap();
         if !cache.changed_since(ino, since) {
             cache.put_attrs(ino, attrs);
@@ -977,7 +1036,14 @@ impl<R: Remote> Fs<R> {
     /// stale, wherever they are (attribute cache, its parent's listing). `known`: the new
     /// attributes, when we have them.
     fn attrs_changed(&self, ino: Ino, known: Option<Attrs>) {
-        let names = self.inodes.lock().unwrap().names_of(ino);
+        self.shared_data_changed(ino);
+        let names = {
+            let mut inodes = self.inodes.lock().unwrap();
+            if known.is_some() {
+                inodes.note_if_shared(ino);
+            }
+            inodes.names_of(ino)
+        };
         let mut cache = self.cache.lock().unwrap();
         cache.touch(ino);
         // Every name of it (hard links made through the mount are one inode).
@@ -1068,6 +1134,10 @@ impl<R: Remote> Fs<R> {
                     && held_kind != Some(FileKind::Symlink)
                     && (follow || (parent == ROOT_INO && self.maybe_resource(name))))
         };
+        // The link count a listing gave for an entry that could not answer (its attributes
+        // changed through the mount): the server's stat has none, and a file hard-linked on
+        // the server must stay known as one (see `shared_data_changed`).
+        let mut listed_nlink = None;
         let since = {
             let mut cache = self.cache.lock().unwrap();
             let since = cache.now();
@@ -1088,7 +1158,8 @@ impl<R: Remote> Fs<R> {
                         format!("{}: not in listing", path.display()),
                     ));
                 }
-                _ => {}
+                Some(Some(e)) => listed_nlink = e.nlink,
+                None => {}
             }
             since
         };
@@ -1119,6 +1190,7 @@ impl<R: Remote> Fs<R> {
                     Some(e) if listing_answers(e) => {
                         return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
                     }
+                    Some(e) => listed_nlink = e.nlink,
                     _ => {}
                 }
             }
@@ -1126,7 +1198,10 @@ impl<R: Remote> Fs<R> {
         // An unlink of this name answered early: the server's answer must not predate it.
         self.removes_behind.name_settled(parent, name).await;
         match self.stat_as(&path, held_kind).await {
-            Ok(attrs) => Ok(self.entry(self.remember(parent, name, attrs, None, since))),
+            Ok(attrs) => {
+                let nlink = listed_nlink.filter(|_| attrs.file_type() == FileKind::File);
+                Ok(self.entry(self.remember(parent, name, attrs, nlink, since)))
+            }
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
                 self.put_negative_since(parent, name, since);
                 // If the kernel still had an inode for this name, it is gone now.
@@ -1292,7 +1367,19 @@ impl<R: Remote> Fs<R> {
         attrs
     }
 
+    /// Change attributes of `ino` (to be kept by the kernel for [`Fs::attr_ttl_for`]).
     pub async fn setattr(
+        self: &Arc<Self>,
+        ino: Ino,
+        fh: Option<u64>,
+        req: SetattrRequest,
+    ) -> FsResult<Attr> {
+        let attr = self.set_attributes(ino, fh, req).await?;
+        self.kernel_caches_settled().await;
+        Ok(attr)
+    }
+
+    async fn set_attributes(
         self: &Arc<Self>,
         ino: Ino,
         fh: Option<u64>,
@@ -1688,9 +1775,17 @@ impl<R: Remote> Fs<R> {
                 },
             );
         }
-        // Only mkdir makes a directory here (link(2) of one is refused by the kernel).
+        // Only mkdir makes a directory here (link(2) of one is refused by the kernel). A
+        // file made here (`perm` is given only for a new object) has one link: a change of
+        // it cannot show through another name (see `shared_data_changed`).
         let is_dir = attrs.file_type() == FileKind::Dir;
-        let nlink = is_dir.then_some(2);
+        let nlink = if is_dir {
+            Some(2)
+        } else if perm.is_some() && attrs.file_type() == FileKind::File {
+            Some(1)
+        } else {
+            None
+        };
         if is_dir {
             // A new directory has two links, its `.` and its name; its `..` is one more link
             // to the parent.
@@ -3061,6 +3156,7 @@ impl<R: Remote> Fs<R> {
         }
         let file = self.file(fh)?;
         file.settle(self).await;
+        self.kernel_caches_settled().await;
         let opener = pid == 0 || file.opener == 0 || pid == file.opener;
         let failure = match opener {
             true => file.tell(Told::Opener, &[Told::Opener, Told::Writes]),
@@ -3098,6 +3194,7 @@ impl<R: Remote> Fs<R> {
             let clean = matches!(synced, Ok(()) | Err(RemoteError::Unsupported(_)))
                 && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
             if clean {
+                self.kernel_caches_settled().await;
                 return match file.tell(Told::Fsync, &everyone) {
                     Some(failure) => Err(self.write_failure(&file, failure).await),
                     None => Ok(()),
@@ -3120,6 +3217,7 @@ impl<R: Remote> Fs<R> {
         let result = self
             .with_handle(&file, |h| async move { remote.fsync(&h).await })
             .await;
+        self.kernel_caches_settled().await;
         match result {
             Ok(()) | Err(RemoteError::Unsupported(_)) => Ok(()),
             Err(e) => {

@@ -1039,8 +1039,9 @@ async fn reopen_within_the_ttl_asks_the_server_only_when_read() {
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
 }
 
-/// No attribute TTL, or a file with links the mount does not know (its TTL is 0): the
-/// kernel's pages are dropped at every open, as the attributes are asked for every time.
+/// No attribute TTL: the kernel's pages are dropped at every open, as the attributes are
+/// asked for every time. A file with links the mount does not know keeps them until a
+/// change through another of its names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_pages_never_kept_without_a_ttl() {
     let h = Harness::with(
@@ -1062,16 +1063,22 @@ async fn cache_pages_never_kept_without_a_ttl() {
     std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
     let x = h.lookup(ROOT, "x").await;
     assert!(!h.open_keeps_cache(x, libc::O_RDONLY).await);
+    list_plus(&h, ROOT).await;
+    assert!(!h.fs.getattr(x, None).await.unwrap().1.is_zero());
     assert!(
         h.open_keeps_cache(x, libc::O_RDONLY).await,
-        "one name, nothing changed"
+        "links the mount does not know, nothing changed"
     );
-    list_plus(&h, ROOT).await;
-    assert!(h.fs.getattr(x, None).await.unwrap().1.is_zero());
+    let y = h.lookup(ROOT, "y").await;
+    let fh = h.open(y, libc::O_WRONLY).await;
+    h.write(fh, 0, b"DATA").await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
     for again in [false, true] {
-        assert!(
-            !h.open_keeps_cache(x, libc::O_RDONLY).await,
-            "links the mount does not know (again: {again})"
+        assert_eq!(
+            h.open_keeps_cache(x, libc::O_RDONLY).await,
+            again,
+            "after a change through another name (again: {again})"
         );
     }
 }
@@ -3528,44 +3535,88 @@ async fn rename_onto_another_link_of_the_same_file_is_a_no_op() {
     assert_eq!(std::fs::read(h.disk("c")).unwrap(), b"a");
 }
 
-/// Links made on the server cannot be recognised: once a listing says a file has more links
-/// than the mount knows names, its attributes are neither cached by the core nor by the
-/// kernel (TTL 0), so a change through one name shows through the other at once.
+/// Links made on the server: each name is an inode of its own here (SFTP v3 cannot tell
+/// them apart), cached as usual; a change through one name drops what the mount and the
+/// kernel cache of the others, before the change is reported done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_made_links_are_not_cached() {
+async fn server_made_links_are_cached_until_a_change_through_another_name() {
     let h = Harness::new();
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t = told.clone();
+    // A kernel slow to drop its caches: a close must wait for it all the same.
+    h.fs.kernel_caches().connect(Box::new(move |ino| {
+        std::thread::sleep(Duration::from_millis(20));
+        t.lock().unwrap().push(ino)
+    }));
+    let told = move || std::mem::take(&mut *told.lock().unwrap());
     std::fs::write(h.disk("x"), b"data").unwrap();
     std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
-    // A file listed with one link, for the contrast at the end.
     std::fs::write(h.disk("z"), b"z").unwrap();
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::fs::hard_link(h.disk("x"), h.disk("d/w")).unwrap();
     let listed: Vec<_> = list_plus(&h, ROOT)
         .await
         .into_iter()
-        .filter(|(n, _)| n != "z")
+        .filter(|(n, _)| n == "x" || n == "y")
         .collect();
     assert_eq!(listed.len(), 2);
     for (name, e) in &listed {
-        assert_eq!(e.attr.nlink, 2, "{name:?}");
-        assert!(e.attr_ttl.is_zero(), "{name:?}: attributes cached");
+        assert_eq!(e.attr.nlink, 3, "{name:?}");
+        assert!(!e.attr_ttl.is_zero(), "{name:?}: attributes not cached");
     }
+    let d = h.lookup(ROOT, "d").await;
+    list_plus(&h, d).await;
+    // d/w stays in the cached listing, without an inode (the kernel forgot it).
+    let w = h.lookup(d, "w").await;
+    h.fs.forget(w, 2);
     let x = h.lookup(ROOT, "x").await;
     let y = h.lookup(ROOT, "y").await;
     assert_ne!(x, y, "the mount cannot know these are one file");
     assert_eq!(h.size(y, None).await, 4);
     let fh = h.open(x, libc::O_WRONLY | libc::O_TRUNC).await;
     h.write(fh, 0, b"changed").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(
+        told(),
+        vec![y],
+        "the kernel told to drop y, once its close returns"
+    );
     h.fs.release(fh).await.unwrap();
     let (a, ttl) = h.fs.getattr(y, None).await.unwrap();
     assert_eq!(a.size, 7, "change through x seen through y");
-    assert!(ttl.is_zero());
-    // A file listed with one link is cached as usual.
-    let z = list_plus(&h, ROOT)
-        .await
-        .into_iter()
-        .find(|(n, _)| n == "z")
-        .unwrap()
-        .1;
-    assert!(!z.attr_ttl.is_zero());
+    assert!(!ttl.is_zero());
+    let w = h.fs.lookup(d, OsStr::new("w")).await.unwrap();
+    assert_eq!(
+        w.attr.size, 7,
+        "a listing taken before the change is not trusted"
+    );
+    // An attribute change is a change too; y is dropped again (it was cached again).
+    let set = SetattrRequest {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    h.fs.setattr(x, None, set).await.unwrap();
+    let mut dropped = told();
+    dropped.sort_unstable();
+    assert_eq!(dropped, vec![y, w.attr.ino]);
+    assert_eq!(h.fs.getattr(y, None).await.unwrap().0.perm, 0o600);
+    // A file with one link, listed or made here, changes nothing else.
+    let z = h.lookup(ROOT, "z").await;
+    h.size(y, None).await;
+    let fh = h.open(z, libc::O_WRONLY).await;
+    h.write(fh, 0, b"Z").await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let (_, fh) = h.create(ROOT, "new").await;
+    h.write(fh, 0, b"new").await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(
+        told(),
+        Vec::<Ino>::new(),
+        "dropped for a file with one link"
+    );
+    assert_eq!(h.fs.getattr(z, None).await.unwrap().0.nlink, 1);
 }
 
 /// Quota: a create that finds the file already there (put on the server after the kernel's
