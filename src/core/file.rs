@@ -71,7 +71,7 @@
 //! handle the server appends whatever the offset, so such a write is reported instead, as is
 //! one lost again after [`MAX_LOSSES`] resends.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
@@ -498,6 +498,12 @@ pub struct OpenFile<R: Remote> {
     /// The file's attributes while this descriptor created it and may change its mode and
     /// times behind the writes (see the module doc); None otherwise.
     created: Mutex<Option<Attrs>>,
+    /// The last mtime `created` held: the server's (or one set behind the writes), kept
+    /// when a write makes the new one unknown (see [`OpenFile::attrs_while_writing`]).
+    created_mtime: Mutex<Option<u32>>,
+    /// An attribute change was queued behind this descriptor's writes: until the queue is
+    /// empty, whether the server took it is not known here.
+    changed_behind: AtomicBool,
 }
 
 impl<R: Remote> OpenFile<R> {
@@ -519,12 +525,14 @@ impl<R: Remote> OpenFile<R> {
             opener,
             lanes: Mutex::new(Lanes::Untried),
             created: Mutex::new(None),
+            created_mtime: Mutex::new(None),
+            changed_behind: AtomicBool::new(false),
         }
     }
 
     /// This descriptor created its file, which had `attrs` then.
     pub fn set_created(&self, attrs: Attrs) {
-        *self.created.lock().unwrap() = Some(attrs);
+        self.update_created(Some(attrs));
     }
 
     /// The attributes the file has once everything queued lands, if this descriptor created
@@ -535,7 +543,39 @@ impl<R: Remote> OpenFile<R> {
 
     /// Keep the attributes known after a change written behind; None: no longer known.
     pub fn update_created(&self, attrs: Option<Attrs>) {
-        *self.created.lock().unwrap() = attrs;
+        let mut created = self.created.lock().unwrap();
+        if let Some(m) = attrs.and_then(|a| a.mtime) {
+            *self.created_mtime.lock().unwrap() = Some(m);
+        }
+        *created = attrs;
+    }
+
+    /// What `stat` shows of a file this descriptor created while its writes are on their
+    /// way, without asking the server: it holds exactly what was written through it (it
+    /// was made empty, and anything else that changed it since would have made
+    /// `created_attrs` unknown), so the size is where its writes end. The mtime is the
+    /// last one the server gave (or that was set behind the writes): the server moves it
+    /// as each write lands, on its clock, and the mount shows what it says once the writes
+    /// are in. None: not known here, ask the server.
+    pub fn attrs_while_writing(&self) -> Option<Attrs> {
+        let mut attrs = self.created_attrs()?;
+        let pending = self.writes_pending();
+        if self.pending_failure().is_some()
+            || (pending && self.changed_behind.load(Ordering::Acquire))
+        {
+            // A failure to report, or a change the server may still refuse (a `stat` shows
+            // a refused `chmod` as refused): the server decides.
+            return None;
+        }
+        if attrs.mtime.is_none() {
+            if !pending {
+                return None;
+            }
+            attrs.mtime = (*self.created_mtime.lock().unwrap())?.into();
+        }
+        let end = self.written_end.load(Ordering::Relaxed);
+        attrs.size = Some(attrs.size.unwrap_or(0).max(end));
+        Some(attrs)
     }
 
     /// Run `f` if this descriptor still knows its file's attributes (see `created_attrs`),
@@ -553,6 +593,7 @@ impl<R: Remote> OpenFile<R> {
     /// fsync, a stat that drains, a change sent directly) goes through the same queue or
     /// drains it first, and its failure is latched like a write's.
     pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: SetAttrs) -> bool {
+        self.changed_behind.store(true, Ordering::Release);
         let job = WriteJob::SetAttrs {
             file: self.clone(),
             attrs,

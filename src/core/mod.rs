@@ -1254,6 +1254,16 @@ impl<R: Remote> Fs<R> {
                 return Ok((self.make_attr(ino, &snap.attrs, Some(0)), ttl));
             }
         }
+        // A file being written through the one descriptor that created it: known here.
+        // (TTL 0: once the descriptor is gone, the server is asked.)
+        if let Some(attrs) = file
+            .clone()
+            .or_else(|| self.sole_open_file(ino))
+            .filter(|f| self.sole_open_file(ino).is_some_and(|s| Arc::ptr_eq(&s, f)))
+            .and_then(|f| f.attrs_while_writing())
+        {
+            return Ok((self.make_attr(ino, &attrs, None), Duration::ZERO));
+        }
         if let Some(file) = file {
             // An open file is asked through its handle: that works after unlink, too. Writes
             // still in flight land first, so the size shown includes them.

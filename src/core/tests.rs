@@ -1496,6 +1496,54 @@ async fn wb_failure_of_a_performed_write_is_reported() {
     h.fs.release(fh).await.ok();
 }
 
+/// `stat` of a file being written through the one descriptor that created it is answered
+/// without the server while its writes are on their way (an assembler or linker reads back
+/// what it wrote, and the kernel asks for the attributes before every such read): the size
+/// where the writes end, the mtime the server last gave. Any other state asks the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_stat_of_a_file_being_written_by_its_creator_needs_no_server() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    let made = h.fs.getattr(f, Some(fh)).await.unwrap().0;
+    h.plan.hold_replies(ROp::Write);
+    h.write(fh, 0, b"0123456789").await;
+    h.write(fh, 3, b"abc").await;
+    h.plan.until_held(ROp::Write, 1).await;
+    h.plan.reset_counts();
+    for asked in [Some(fh), None] {
+        let (a, ttl) = h.fs.getattr(f, asked).await.unwrap();
+        assert_eq!(a.size, 10, "{asked:?}");
+        assert_eq!(a.mtime, made.mtime, "{asked:?}");
+        assert_eq!(a.perm, made.perm, "{asked:?}");
+        assert!(
+            ttl.is_zero(),
+            "{asked:?}: the kernel would keep it past the writes"
+        );
+    }
+    assert_eq!(h.plan.total_calls(), 0, "asked the server");
+    h.plan.release(ROp::Write);
+    h.fs.flush(fh).await.unwrap();
+    // Landed: the server's word again.
+    let (a, _) = h.fs.getattr(f, Some(fh)).await.unwrap();
+    assert_eq!(a.size, 10);
+    assert!(h.plan.calls(ROp::Fstat) + h.plan.calls(ROp::Lstat) > 0);
+    // Another descriptor of the file: its creator no longer knows everything.
+    h.plan.hold_replies(ROp::Write);
+    h.write(fh, 10, b"+").await;
+    h.plan.until_held(ROp::Write, 1).await;
+    let other = h.open(f, libc::O_RDONLY).await;
+    h.plan.reset_counts();
+    let asked = tokio::time::timeout(Duration::from_millis(200), h.fs.getattr(f, Some(fh))).await;
+    assert!(
+        asked.is_err(),
+        "answered before the held write, without the server"
+    );
+    h.plan.release(ROp::Write);
+    assert_eq!(h.fs.getattr(f, Some(fh)).await.unwrap().0.size, 11);
+    h.fs.release(other).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
 /// A read or stat through the descriptor that wrote goes out behind its writes on the same
 /// handle, which the server carries out in order: it does not wait for their answers. Through
 /// another descriptor of the file (maybe another channel) it does.
@@ -1713,7 +1761,10 @@ async fn wb_writes_answered_when_queued_within_a_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_a_failed_write_is_reported_by_fsync_while_a_getattr_waits() {
     let h = Harness::new();
+    // Opened again: not its creator, so a stat asks the server (behind the write).
     let (f, fh) = h.create(ROOT, "f").await;
+    h.fs.release(fh).await.unwrap();
+    let fh = h.open(f, libc::O_WRONLY).await;
     h.plan.hold(ROp::Write);
     h.plan.fail_next(ROp::Write, 1, failure("injected"));
     h.fs.write(fh, 0, b"x").await.unwrap();
