@@ -1256,11 +1256,10 @@ impl<R: Remote> Fs<R> {
         }
         // A file being written through the one descriptor that created it: known here.
         // (TTL 0: once the descriptor is gone, the server is asked.)
-        if let Some(attrs) = file
-            .clone()
-            .or_else(|| self.sole_open_file(ino))
-            .filter(|f| self.sole_open_file(ino).is_some_and(|s| Arc::ptr_eq(&s, f)))
-            .and_then(|f| f.attrs_while_writing())
+        if let Some(attrs) = self
+            .sole_open_file(ino)
+            .filter(|sole| file.as_ref().is_none_or(|f| Arc::ptr_eq(f, sole)))
+            .and_then(|sole| sole.attrs_while_writing())
         {
             return Ok((self.make_attr(ino, &attrs, None), Duration::ZERO));
         }
