@@ -1917,6 +1917,89 @@ fn server_made_hard_links_are_not_served_stale() {
     );
 }
 
+/// The kernel drops the pages of the other names from a thread of the mount's own, and may
+/// wait there for reads of them that the mount is answering: readers of `y` (new opens, and
+/// a descriptor kept open) while `x`, another name of the same file, is rewritten through
+/// the mount and closed, over and over. Nothing may hang, no read may be short, and once
+/// the writer is done `y` shows its last version. (Whether the kernel is told at all is
+/// `server_made_hard_links_are_not_served_stale`: here the readers' own opens drop pages.)
+#[test]
+fn server_made_hard_links_rewritten_while_read_through_another_name() {
+    let m = TestMount::start(&["attr_timeout=3600", "entry_timeout=3600"]);
+    const LEN: usize = 200_000;
+    fs::write(m.e("x"), vec![b'a'; LEN]).unwrap();
+    fs::hard_link(m.e("x"), m.e("y")).unwrap();
+    listed_links(&m.mnt);
+    let before = File::open(m.p("y")).unwrap();
+    let mut b = vec![0; LEN];
+    before.read_exact_at(&mut b, 0).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<usize, String>>();
+    for reader in 0..3 {
+        let (y, stop, done) = (m.p("y"), stop.clone(), done_tx.clone());
+        std::thread::spawn(move || {
+            let kept = File::open(&y).unwrap();
+            let mut reads = 0;
+            // A read racing a write may mix versions, as on a local disk; it may not be
+            // short, nor hold anything no version had.
+            let check = |b: &[u8], how: &str| -> Result<(), String> {
+                match b.len() == LEN && b.iter().all(|v| (b'a'..b'b' + 20).contains(v)) {
+                    true => Ok(()),
+                    false => Err(format!("reader {reader} ({how}): a short or wrong read")),
+                }
+            };
+            let result = (|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    check(&fs::read(&y).map_err(|e| e.to_string())?, "open")?;
+                    let mut b = vec![0; LEN];
+                    kept.read_exact_at(&mut b, 0).map_err(|e| e.to_string())?;
+                    check(&b, "kept descriptor")?;
+                    reads += 2;
+                }
+                Ok(reads)
+            })();
+            let _ = done.send(result);
+        });
+    }
+    let (x, writer_stop, done) = (m.p("x"), stop.clone(), done_tx);
+    std::thread::spawn(move || {
+        let result = (|| {
+            for i in 0..=255u8 {
+                let mut f = OpenOptions::new()
+                    .write(true)
+                    .open(&x)
+                    .map_err(|e| e.to_string())?;
+                f.write_all(&[b'b' + i % 20; LEN])
+                    .map_err(|e| e.to_string())?;
+                drop(f);
+            }
+            Ok(256)
+        })();
+        writer_stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = done.send(result);
+    });
+    // Generous: the whole exchange takes about a second.
+    for _ in 0..4 {
+        match done_rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(r) => {
+                r.unwrap();
+            }
+            Err(_) => panic!("a reader or the writer hung (a notification that never returns?)"),
+        }
+    }
+    let last = vec![b'b' + 255 % 20; LEN];
+    before.read_exact_at(&mut b, 0).unwrap();
+    assert!(
+        b == last,
+        "not the last version, through a descriptor of y opened before"
+    );
+    assert!(
+        fs::read(m.p("y")).unwrap() == last,
+        "not the last version, through y"
+    );
+    assert!(status_counter(&m.mnt, "shared_drops") > 0);
+}
+
 #[test]
 fn statfs_reports_the_server_filesystem() {
     let m = TestMount::start(&[]);
