@@ -415,6 +415,11 @@ impl MetaCache {
 
     fn note_shared(&mut self, dir: Ino, listing: &[DirEntry]) {
         if listing.iter().any(multiply_linked) {
+            // Bounded like the listings: past that, act as if such a file had changed
+            // (the entries noted so far ask the server again), which is always safe.
+            if self.shared_dirs.len() >= 2 * dir_cap(&self.config).get() {
+                self.shared_data_changed();
+            }
             self.shared_dirs.insert(dir);
         }
     }

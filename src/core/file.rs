@@ -656,6 +656,9 @@ impl<R: Remote> OpenFile<R> {
         let mut f = self.failures.lock().unwrap();
         f.seq += 1;
         f.last = Some((err, end));
+        drop(f);
+        // What the file holds is no longer what was written through it.
+        self.update_created(None);
     }
 
     /// Whether `who` has a failure to be told of.

@@ -725,6 +725,15 @@ impl<R: Remote> Fs<R> {
         self.kernel_caches.settled().await;
     }
 
+    /// The writes of `file` are all answered (a close or fsync waited for them): drop the
+    /// other names' caches once more, then wait for the kernel. A read of another name
+    /// answered while the writes were on their way (another SFTP channel may serve it
+    /// first) holds the old data, and was cached after the drop made when they were sent.
+    async fn written_through_settled(&self, file: &OpenFile<R>) {
+        self.shared_data_changed(file.ino);
+        self.kernel_caches_settled().await;
+    }
+
     /// lstat (or stat, with follow_symlinks) of a server path.
     /// Attributes of `path` for an inode the kernel holds as `kind` (None: a name seen for
     /// the first time). An inode keeps the kind it was first shown with: one held as a symlink
@@ -1383,8 +1392,15 @@ impl<R: Remote> Fs<R> {
         fh: Option<u64>,
         req: SetattrRequest,
     ) -> FsResult<Attr> {
+        let truncate = req.size.is_some();
         let attr = self.set_attributes(ino, fh, req).await?;
-        self.kernel_caches_settled().await;
+        // Not for a truncate: the kernel holds off writeback of the file until it is
+        // answered, and a notification queued for this very file (by a change through
+        // another name) may be waiting for that writeback (dirty pages of a shared
+        // mapping): the other names are told all the same, right after.
+        if !truncate {
+            self.kernel_caches_settled().await;
+        }
         Ok(attr)
     }
 
@@ -3165,7 +3181,9 @@ impl<R: Remote> Fs<R> {
         }
         let file = self.file(fh)?;
         file.settle(self).await;
-        self.kernel_caches_settled().await;
+        if file.flags.write {
+            self.written_through_settled(&file).await;
+        }
         let opener = pid == 0 || file.opener == 0 || pid == file.opener;
         let failure = match opener {
             true => file.tell(Told::Opener, &[Told::Opener, Told::Writes]),
@@ -3203,7 +3221,7 @@ impl<R: Remote> Fs<R> {
             let clean = matches!(synced, Ok(()) | Err(RemoteError::Unsupported(_)))
                 && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
             if clean {
-                self.kernel_caches_settled().await;
+                self.written_through_settled(&file).await;
                 return match file.tell(Told::Fsync, &everyone) {
                     Some(failure) => Err(self.write_failure(&file, failure).await),
                     None => Ok(()),
@@ -3226,7 +3244,7 @@ impl<R: Remote> Fs<R> {
         let result = self
             .with_handle(&file, |h| async move { remote.fsync(&h).await })
             .await;
-        self.kernel_caches_settled().await;
+        self.written_through_settled(&file).await;
         match result {
             Ok(()) | Err(RemoteError::Unsupported(_)) => Ok(()),
             Err(e) => {
@@ -3559,7 +3577,17 @@ impl<R: Remote> Fs<R> {
         let follow = self.config.lock().unwrap().follow_symlinks;
         let is_link = attrs.file_type() == FileKind::Symlink;
         let resource = is_link && parent == ROOT_INO && self.is_resource_name(&item.name).await;
-        let entry = if attrs.size.is_none() || (follow && is_link) || resource {
+        // A file with links made on the server, listed before a change that may have gone
+        // through another of its names (`shared_data_changed` moves the directory on the
+        // change clock): what the listing says of it may be old.
+        let shared_changed = item.nlink.is_some_and(|n| n > 1)
+            && attrs.file_type() == FileKind::File
+            && self
+                .cache
+                .lock()
+                .unwrap()
+                .changed_since(parent, item.listed_at);
+        let entry = if attrs.size.is_none() || (follow && is_link) || resource || shared_changed {
             self.lookup(parent, &item.name).await?
         } else {
             self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at))

@@ -3670,6 +3670,74 @@ async fn server_made_links_are_cached_until_a_change_through_another_name() {
     assert_eq!(h.fs.getattr(z, None).await.unwrap().0.nlink, 1);
 }
 
+/// Links made on the server, and the ways an old view of the other name could outlive a
+/// change: a stat of it answered while the write was on its way (the close drops it again),
+/// a directory handle opened before (its readdirplus asks the server). A read-only close
+/// does not wait for the kernel's notifications.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_made_links_stale_views_do_not_outlive_the_close() {
+    let h = Harness::new();
+    let (gate_tx, gate_rx) = std::sync::mpsc::channel::<()>();
+    let gate = std::sync::Mutex::new(gate_rx);
+    let gated = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let g = gated.clone();
+    h.fs.kernel_caches().connect(Box::new(move |_| {
+        if g.load(std::sync::atomic::Ordering::SeqCst) {
+            let _ = gate.lock().unwrap().recv();
+        }
+    }));
+    std::fs::write(h.disk("x"), b"data").unwrap();
+    std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
+    std::fs::write(h.disk("z"), b"z").unwrap();
+    list_plus(&h, ROOT).await;
+    let x = h.lookup(ROOT, "x").await;
+    let y = h.lookup(ROOT, "y").await;
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    let fh = h.open(x, libc::O_WRONLY).await;
+    // Sent (the mount goes on at once), on the server 2 s later, as over a slow link.
+    h.plan
+        .set_queue_delay(ROp::Write, Some(Duration::from_secs(2)));
+    h.write(fh, 0, b"longer data").await;
+    while h.plan.calls(ROp::Write) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Asked after the write was sent, before it landed. (Whatever this shows, 4 normally,
+    // it must not stay.)
+    h.size(y, None).await;
+    h.fs.flush(fh).await.unwrap();
+    h.plan.set_queue_delay(ROp::Write, None);
+    // Closed (the release comes later).
+    let item = items.iter().find(|i| i.name == "y").unwrap();
+    let e = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
+    assert_eq!(
+        e.attr.size, 11,
+        "readdirplus of a handle opened before the change"
+    );
+    h.fs.releasedir(dh);
+    assert_eq!(
+        h.size(y, None).await,
+        11,
+        "the stat from before the write landed stayed"
+    );
+    h.fs.release(fh).await.unwrap();
+    // The kernel slow to drop y: a close of another file read only does not wait for it.
+    let z = h.lookup(ROOT, "z").await;
+    let zfh = h.open(z, libc::O_RDONLY).await;
+    h.size(y, None).await;
+    gated.store(true, std::sync::atomic::Ordering::SeqCst);
+    let fh = h.open(x, libc::O_WRONLY).await;
+    h.write(fh, 0, b"DATA").await;
+    let closed = tokio::time::timeout(Duration::from_secs(30), h.fs.flush(zfh)).await;
+    assert!(closed.is_ok(), "a read-only close waited for the kernel");
+    gated.store(false, std::sync::atomic::Ordering::SeqCst);
+    let _ = gate_tx.send(());
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    h.fs.release(zfh).await.unwrap();
+}
+
 /// Quota: a create that finds the file already there (put on the server after the kernel's
 /// lookup) made no entry, and charges none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
