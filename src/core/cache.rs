@@ -109,9 +109,13 @@ fn dir_cap(config: &CacheConfig) -> NonZeroUsize {
     cap((config.max_entries / 64).max(16))
 }
 
-/// A regular file whose link count says it has other names.
+/// A regular file whose link count (from a listing) says it has other names.
+pub fn has_other_names(nlink: Option<u32>, attrs: &Attrs) -> bool {
+    nlink.is_some_and(|n| n > 1) && attrs.file_type() == FileKind::File
+}
+
 fn multiply_linked(e: &DirEntry) -> bool {
-    e.nlink.is_some_and(|n| n > 1) && e.attrs.file_type() == FileKind::File
+    has_other_names(e.nlink, &e.attrs)
 }
 
 impl MetaCache {
@@ -221,6 +225,18 @@ impl MetaCache {
     /// The change clock now: pass it to [`MetaCache::changed_since`] after a fetch.
     pub fn now(&self) -> u64 {
         self.clock
+    }
+
+    /// `ino`, known under `names`, changed: its cached attributes are stale wherever they
+    /// are (attribute cache, the listing entries of its names); `known`: the new ones.
+    pub fn attrs_changed(&mut self, ino: Ino, names: &[(Ino, OsString)], known: Option<Attrs>) {
+        self.touch(ino);
+        for (parent, name) in names {
+            self.listing_update(*parent, name, known);
+        }
+        if let Some(attrs) = known {
+            self.put_attrs(ino, CachedAttrs { attrs, nlink: None });
+        }
     }
 
     /// `ino`'s data or attributes changed through the mount.

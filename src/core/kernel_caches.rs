@@ -29,8 +29,6 @@ pub struct KernelCaches {
     /// Batches queued so far, and the count done as the thread reports it.
     queued: AtomicU64,
     done: tokio::sync::watch::Sender<u64>,
-    /// Inodes sent to the kernel so far (for tests and `status`).
-    pub sent: std::sync::Arc<AtomicU64>,
 }
 
 impl Default for KernelCaches {
@@ -39,27 +37,22 @@ impl Default for KernelCaches {
             queue: Mutex::new(None),
             queued: AtomicU64::new(0),
             done: tokio::sync::watch::Sender::new(0),
-            sent: Default::default(),
         }
     }
 }
 
 impl KernelCaches {
     /// Start sending notifications through `notify` (once the kernel connection is up).
-    /// Without it (tests of the core), invalidations are counted and dropped.
+    /// Without it (tests of the core), invalidations are dropped.
     pub fn connect(&self, notify: Notify) {
         let (tx, rx) = mpsc::channel::<Vec<Ino>>();
         let done = self.done.clone();
-        let sent = self.sent.clone();
         let spawned = std::thread::Builder::new()
             .name("kernel-caches".into())
             .spawn(move || {
                 // Ends when the filesystem (the only sender) is dropped.
                 while let Ok(inos) = rx.recv() {
-                    for ino in inos {
-                        notify(ino);
-                        sent.fetch_add(1, Ordering::Relaxed);
-                    }
+                    inos.into_iter().for_each(&notify);
                     done.send_modify(|n| *n += 1);
                 }
             });
@@ -74,17 +67,11 @@ impl KernelCaches {
         if inos.is_empty() {
             return;
         }
-        let queue = self.queue.lock().unwrap();
-        match queue.as_ref() {
-            Some(tx) => {
-                self.queued.fetch_add(1, Ordering::AcqRel);
-                if tx.send(inos).is_err() {
-                    // The thread is gone (it panicked): nothing will be done, do not wait.
-                    self.done.send_modify(|n| *n += 1);
-                }
-            }
-            None => {
-                self.sent.fetch_add(inos.len() as u64, Ordering::Relaxed);
+        if let Some(tx) = self.queue.lock().unwrap().as_ref() {
+            self.queued.fetch_add(1, Ordering::AcqRel);
+            if tx.send(inos).is_err() {
+                // The thread is gone (it panicked): nothing will be done, do not wait.
+                self.done.send_modify(|n| *n += 1);
             }
         }
     }
@@ -123,6 +110,5 @@ mod tests {
         gate_tx.send(()).unwrap();
         k.settled().await;
         assert_eq!(*seen.lock().unwrap(), vec![3, 4]);
-        assert_eq!(k.sent.load(Ordering::Relaxed), 2);
     }
 }

@@ -682,7 +682,7 @@ impl<R: Remote> Fs<R> {
     /// the kernel) has them dropped: its cached attributes, pages and fetched data, the
     /// listing entries of such files, and the kernel's attributes and pages of those inodes
     /// (sent from a thread of its own; requests that report a change done, a close, an fsync
-    /// or a setattr, wait for it: [`Fs::kernel_caches_settled`]). The next look at any of
+    /// or a setattr, wait for it: `KernelCaches::settled`). The next look at any of
     /// them asks the server, which has the change once it has landed.
     fn shared_data_changed(&self, ino: Ino) {
         let others = {
@@ -699,10 +699,7 @@ impl<R: Remote> Fs<R> {
         let mut cache = self.cache.lock().unwrap();
         cache.shared_data_changed();
         for (other, names) in &others {
-            cache.touch(*other);
-            for (parent, name) in names {
-                cache.listing_update(*parent, name, None);
-            }
+            cache.attrs_changed(*other, names, None);
         }
         drop(cache);
         if !others.is_empty() {
@@ -719,19 +716,13 @@ impl<R: Remote> Fs<R> {
             .invalidate(others.into_iter().map(|(o, _)| o).collect());
     }
 
-    /// Wait until the kernel has dropped what [`Fs::shared_data_changed`] told it to: a
-    /// change reported done must show through every name.
-    async fn kernel_caches_settled(&self) {
-        self.kernel_caches.settled().await;
-    }
-
     /// The writes of `file` are all answered (a close or fsync waited for them): drop the
     /// other names' caches once more, then wait for the kernel. A read of another name
     /// answered while the writes were on their way (another SFTP channel may serve it
     /// first) holds the old data, and was cached after the drop made when they were sent.
     async fn written_through_settled(&self, file: &OpenFile<R>) {
         self.shared_data_changed(file.ino);
-        self.kernel_caches_settled().await;
+        self.kernel_caches.settled().await;
     }
 
     /// lstat (or stat, with follow_symlinks) of a server path.
@@ -1053,15 +1044,8 @@ impl<R: Remote> Fs<R> {
             }
             inodes.names_of(ino)
         };
-        let mut cache = self.cache.lock().unwrap();
-        cache.touch(ino);
         // Every name of it (hard links made through the mount are one inode).
-        for (parent, name) in names {
-            cache.listing_update(parent, &name, known);
-        }
-        if let Some(attrs) = known {
-            cache.put_attrs(ino, CachedAttrs { attrs, nlink: None });
-        }
+        self.cache.lock().unwrap().attrs_changed(ino, &names, known);
     }
 
     /// The mount changed the status of `ino` just now: its ctime moves (see `Attr::ctime`).
@@ -1399,7 +1383,7 @@ impl<R: Remote> Fs<R> {
         // another name) may be waiting for that writeback (dirty pages of a shared
         // mapping): the other names are told all the same, right after.
         if !truncate {
-            self.kernel_caches_settled().await;
+            self.kernel_caches.settled().await;
         }
         Ok(attr)
     }
@@ -3580,8 +3564,7 @@ impl<R: Remote> Fs<R> {
         // A file with links made on the server, listed before a change that may have gone
         // through another of its names (`shared_data_changed` moves the directory on the
         // change clock): what the listing says of it may be old.
-        let shared_changed = item.nlink.is_some_and(|n| n > 1)
-            && attrs.file_type() == FileKind::File
+        let shared_changed = cache::has_other_names(item.nlink, &attrs)
             && self
                 .cache
                 .lock()

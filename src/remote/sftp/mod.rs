@@ -560,10 +560,20 @@ fn read_along(
     if forecast != opened {
         return None;
     }
-    match reply {
-        Ok(Response::Data(d)) if d.len() <= len as usize => Some(d),
-        Ok(Response::Status { code: 1, .. }) => Some(Bytes::new()),
-        _ => None,
+    reply.and_then(|r| read_reply(r, len)).ok()
+}
+
+/// The data a READ of `len` bytes was answered with (empty at the end of the file).
+fn read_reply(r: Response, len: u32) -> RemoteResult<Bytes> {
+    match r {
+        Response::Data(d) if d.len() <= len as usize => Ok(d),
+        Response::Data(d) => Err(RemoteError::Protocol(format!(
+            "server returned {} bytes for a {len}-byte READ",
+            d.len()
+        ))),
+        Response::Status { code: 1, .. } => Ok(Bytes::new()),
+        Response::Status { code, message } => Err(status_err(code, message)),
+        other => Err(unexpected("READ", &other)),
     }
 }
 
@@ -1014,16 +1024,7 @@ impl Remote for SftpRemote {
                 },
             )
             .await?;
-        match r {
-            Response::Data(d) if d.len() <= len as usize => Ok(d),
-            Response::Data(d) => Err(RemoteError::Protocol(format!(
-                "server returned {} bytes for a {len}-byte READ",
-                d.len()
-            ))),
-            Response::Status { code: 1, .. } => Ok(Bytes::new()),
-            Response::Status { code, message } => Err(status_err(code, message)),
-            other => Err(unexpected("READ", &other)),
-        }
+        read_reply(r, len)
     }
 
     async fn write(&self, handle: &SftpHandle, offset: u64, data: Bytes) -> RemoteResult<()> {
