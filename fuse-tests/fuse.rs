@@ -2000,6 +2000,49 @@ fn server_made_hard_links_rewritten_while_read_through_another_name() {
     assert!(status_counter(&m.mnt, "shared_drops") > 0);
 }
 
+/// A file written through the descriptor that created it, read back and `fstat`ed between
+/// writes (as an assembler does): the mount answers those `fstat`s itself while the writes
+/// are on their way. The size must be where the writes end every time, the bytes read back
+/// what was written, and once closed the mtime the server's.
+#[test]
+fn stat_of_a_file_being_written_by_its_creator_shows_the_writes() {
+    let m = TestMount::start(&[]);
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(m.p("obj.o"))
+        .unwrap();
+    let mut want = Vec::new();
+    for (i, piece) in [&b"\x7fELF header"[..], &[7u8; 70_000], b"tail"]
+        .iter()
+        .enumerate()
+    {
+        f.write_all(piece).unwrap();
+        want.extend_from_slice(piece);
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            want.len() as u64,
+            "fstat after write {i}"
+        );
+        let mut back = vec![0; want.len()];
+        f.read_exact_at(&mut back, 0).unwrap();
+        assert_same_bytes(&back, &want, "read back");
+    }
+    // An overwrite inside the file does not move its end.
+    f.write_all_at(b"HDR", 0).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), want.len() as u64);
+    drop(f);
+    want[..3].copy_from_slice(b"HDR");
+    assert_same_bytes(&fs::read(m.e("obj.o")).unwrap(), &want, "on the server");
+    let (mine, theirs) = (
+        fs::metadata(m.p("obj.o")).unwrap(),
+        fs::metadata(m.e("obj.o")).unwrap(),
+    );
+    assert_eq!(mine.len(), theirs.len());
+    assert_eq!(mine.mtime(), theirs.mtime(), "mtime after close");
+}
+
 #[test]
 fn statfs_reports_the_server_filesystem() {
     let m = TestMount::start(&[]);
