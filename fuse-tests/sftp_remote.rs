@@ -209,12 +209,25 @@ async fn every_operation() {
     assert_eq!(entries[1].nlink, Some(2));
     assert_eq!(entries[2].attrs.file_type(), FileKind::Symlink);
     assert_eq!(entries[0].nlink, Some(2));
-    // A big directory needs several READDIRs (OpenSSH sends 100 names per reply).
+    // A big directory needs several READDIRs (OpenSSH sends 100 names per reply), sent in
+    // rounds of 4, 8, 16 and 32: 2,950 names take four rounds, the last one partly past
+    // the end. Every name comes back once.
     r.mkdir(&p("big"), 0o755).await.unwrap();
-    for i in 0..250 {
-        std::fs::write(p(&format!("big/f{i:03}")), b"").unwrap();
+    for i in 0..2950 {
+        std::fs::write(p(&format!("big/f{i:04}")), b"").unwrap();
     }
-    assert_eq!(r.read_dir(&p("big")).await.unwrap().len(), 250);
+    let mut big: Vec<_> = r
+        .read_dir(&p("big"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    big.sort();
+    let want: Vec<_> = (0..2950)
+        .map(|i| OsString::from(format!("f{i:04}")))
+        .collect();
+    assert_eq!(big, want);
     assert_eq!(
         status(r.read_dir(&p("nope")).await.unwrap_err()),
         Status::NoSuchFile

@@ -824,6 +824,7 @@ fn control_handlers(
                 "dirs_listed_ahead": stats.dirs_listed_ahead.load(Relaxed),
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),
+                "writes_merged": stats.writes_merged.load(Relaxed),
                 "writes_sent_again": stats.writes_sent_again.load(Relaxed),
                 "bytes_copied_on_server": stats.bytes_copied_on_server.load(Relaxed),
                 "shared_drops": stats.shared_drops.load(Relaxed),

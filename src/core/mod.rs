@@ -189,6 +189,9 @@ pub struct Stats {
     /// Of the bytes written, those sent through the extra lanes of striped sequential writes
     /// (see `file.rs`).
     pub bytes_striped: AtomicU64,
+    /// Writes that went out as part of an earlier one's WRITE: queued behind it, continuing
+    /// it (see `Merged` in `file.rs`).
+    pub writes_merged: AtomicU64,
     pub remote_errors: AtomicU64,
     /// Opens answered from a small file fetched ahead (see `prefetch`), without a round trip.
     pub opens_fetched_ahead: AtomicU64,

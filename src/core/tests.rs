@@ -1383,6 +1383,88 @@ async fn wb_many_writes_then_flush_are_all_on_disk_in_order() {
     assert_eq!(h.open_handles().await, 0);
 }
 
+/// Small writes queued behind one the server has not taken yet go out merged, as few WRITEs
+/// of at most `max_write` as their order allows: a write that does not continue the one
+/// before (here an overwrite further back) ends a merge and starts the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_small_writes_queued_behind_one_go_out_merged() {
+    let h = Harness::with(
+        config(long_ttls()),
+        Some(Limits {
+            max_read: 16 * 1024,
+            max_write: 4096,
+            max_open_handles: 64,
+        }),
+    );
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.plan.hold(ROp::Write);
+    let mut model = vec![b'a'; 100];
+    assert_eq!(h.fs.write(fh, 0, &model).await.unwrap(), 100);
+    // The writer waits at the server's door with it; what follows queues behind.
+    h.plan.until_held(ROp::Write, 1).await;
+    let append = |h: &Harness, model: &mut Vec<u8>, i: usize| {
+        let d: Vec<u8> = (0..100).map(|j| (i * 7 + j) as u8).collect();
+        let w = h.fs.write(fh, model.len() as u64, &d);
+        model.extend(d);
+        w
+    };
+    for i in 0..100 {
+        assert_eq!(append(&h, &mut model, i).await.unwrap(), 100);
+    }
+    assert_eq!(h.fs.write(fh, 50, b"XYZ").await.unwrap(), 3);
+    model[50..53].copy_from_slice(b"XYZ");
+    for i in 100..110 {
+        assert_eq!(append(&h, &mut model, i).await.unwrap(), 100);
+    }
+    assert_eq!(
+        h.plan.calls(ROp::Write),
+        1,
+        "nothing more reached the server"
+    );
+    h.plan.release(ROp::Write);
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), model);
+    // The first; 10,000 bytes in 4,000 + 4,000 + 2,000 (whole writes up to 4,096); the
+    // overwrite; the last 1,000 bytes.
+    assert_eq!(h.plan.calls(ROp::Write), 6);
+    assert_eq!(h.fs.stats.writes_merged.load(Ordering::Relaxed), 106);
+    assert_eq!(h.size(f, Some(fh)).await, model.len() as u64);
+    h.fs.release(fh).await.unwrap();
+}
+
+/// A merged WRITE that fails is reported like any write: by the next flush.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_failed_merged_write_is_reported() {
+    let h = Harness::new();
+    let (f, fh) = h
+        .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
+        .await;
+    // A time change behind the writes (its FSETSTAT held at the server's door) keeps the
+    // writer busy while 20 writes queue behind it.
+    h.plan.hold(ROp::Fsetstat);
+    let set = SetattrRequest {
+        mtime: at(1_000_000),
+        ..Default::default()
+    };
+    h.fs.setattr(f, None, set).await.unwrap();
+    h.plan.until_held(ROp::Fsetstat, 1).await;
+    for i in 0..20u64 {
+        assert_eq!(h.fs.write(fh, i * 4, b"more").await.unwrap(), 4);
+    }
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    h.plan.release(ROp::Fsetstat);
+    let e = h.fs.flush(fh).await.unwrap_err();
+    assert_eq!(e.errno, libc::EIO, "{e}");
+    assert_eq!(h.plan.calls(ROp::Write), 1, "the 20 writes went out as one");
+    assert_eq!(h.fs.stats.writes_merged.load(Ordering::Relaxed), 19);
+    assert_eq!(h.meta("f").len(), 0, "the failed write landed");
+    // Reported once; the file is usable again.
+    h.write(fh, 0, b"again").await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_overlapping_writes_keep_their_order() {
     let h = Harness::new();

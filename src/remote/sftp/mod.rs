@@ -1311,18 +1311,45 @@ fn open_request(path: &Path, flags: OpenFlags, perm: u32) -> Request<'_> {
     }
 }
 
+/// How many READDIRs a listing sends at once: a few for the first round, which is all most
+/// directories need (OpenSSH answers 100 names per READDIR), doubling each round a directory
+/// goes on, up to 32. Why: at a fixed 4, a 5,000-name directory took 13 round trips, and
+/// `ls -l` of it at 20 ms took 0.44 s against 0.30 s for sshfs, which also keeps more
+/// READDIRs in flight as a listing goes on (up to 32). Now 4 rounds. A READDIR past the end
+/// costs the server one EOF reply.
+#[derive(Debug)]
+struct ReaddirBatch(usize);
+
+impl ReaddirBatch {
+    const FIRST: usize = 4;
+    const MAX: usize = 32;
+
+    fn next_size(&mut self) -> usize {
+        let n = self.0;
+        self.0 = (n * 2).min(Self::MAX);
+        n
+    }
+}
+
+impl Default for ReaddirBatch {
+    fn default() -> Self {
+        ReaddirBatch(Self::FIRST)
+    }
+}
+
 async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>> {
     // A channel answers in order, so several READDIRs on the handle can be in flight at
     // once: each gets the next batch of names, or EOF. With the CLOSE not waited for, a
     // listing costs two round trips instead of four or more, which is what makes `find`,
     // `ls -R` and `git status` bearable on a high-latency link.
-    const BATCH: usize = 4;
     let ch = c.pick();
     let handle = expect_handle("OPENDIR", ch.request(&Request::Opendir { path }).await?)?;
     let mut out = Vec::new();
+    let mut batch = ReaddirBatch::default();
     let result = 'listing: loop {
-        let mut pending = Vec::with_capacity(BATCH);
-        for _ in 0..BATCH {
+        let n = batch.next_size();
+        let mut pending = Vec::with_capacity(n);
+        for _ in 0..n {
             match ch.send(&Request::Readdir { handle: &handle }).await {
                 Ok(p) => pending.push(p),
                 Err(e) => break 'listing Err(e),
@@ -1376,6 +1403,13 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn readdir_batches_double_from_four_up_to_thirty_two() {
+        let mut b = ReaddirBatch::default();
+        let sizes: Vec<_> = (0..6).map(|_| b.next_size()).collect();
+        assert_eq!(sizes, [4, 8, 16, 32, 32, 32]);
+    }
 
     #[test]
     fn a_read_along_counts_only_on_the_handle_the_open_got() {
