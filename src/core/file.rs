@@ -932,8 +932,9 @@ impl Merged {
         file: &Arc<OpenFile<R>>,
         max_write: usize,
     ) {
-        // Holds the first write's bytes and those merged, once there is one to merge.
-        let mut buf: Option<bytes::BytesMut> = None;
+        // The writes merged after the first, copied into one buffer of their exact size at
+        // the end (the merged WRITE is kept until its answer: no spare capacity).
+        let mut parts: Vec<Bytes> = Vec::new();
         let mut total = self.data.len();
         while total < max_write {
             let Ok(job) = rx.try_recv() else { break };
@@ -960,12 +961,6 @@ impl Merged {
                 }
                 break;
             }
-            let b = buf.get_or_insert_with(|| {
-                let mut b = bytes::BytesMut::with_capacity(max_write);
-                b.extend_from_slice(&self.data);
-                b
-            });
-            b.extend_from_slice(&data);
             total += data.len();
             self.end += data.len() as u64;
             if let Some(done) = done {
@@ -973,8 +968,14 @@ impl Merged {
             }
             self.earlies.extend(early);
             self.jobs += 1;
+            parts.push(data);
         }
-        if let Some(b) = buf {
+        if !parts.is_empty() {
+            let mut b = bytes::BytesMut::with_capacity(total);
+            b.extend_from_slice(&self.data);
+            for part in parts {
+                b.extend_from_slice(&part);
+            }
             self.data = b.freeze();
         }
     }
@@ -1215,6 +1216,7 @@ async fn writer_loop<R: Remote>(
                 let mut rest = data;
                 let mut at = offset;
                 let mut striped = 0u64;
+                let mut send_failed = false;
                 while !rest.is_empty() {
                     let n = rest.len().min(max_write);
                     let chunk = rest.split_to(n);
@@ -1251,6 +1253,7 @@ async fn writer_loop<R: Remote>(
                         Ok(ack) => stream.answer_later(&fs, ack, permit, req),
                         Err(e) => {
                             req.failed(&fs, e);
+                            send_failed = true;
                             break;
                         }
                     }
@@ -1275,8 +1278,18 @@ async fn writer_loop<R: Remote>(
                     }
                 }
                 stream.queued.fetch_sub(jobs as usize, Ordering::AcqRel);
+                // A send refused at once (the reopen of a lost handle failed, say) is told to
+                // the writes still waiting for their answer here, merged ones included, not
+                // left for the next write, close or fsync.
+                let failure = match send_failed && !answers.is_empty() {
+                    true => file.tell(Told::Writes, &[Told::Writes]),
+                    false => None,
+                };
                 for (done, n) in answers {
-                    let _ = done.send(Ok(n));
+                    let _ = done.send(match &failure {
+                        Some(f) => Err(f.clone()),
+                        None => Ok(n),
+                    });
                 }
             }
             WriteJob::SetAttrs { file, attrs } => {

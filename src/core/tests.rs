@@ -1432,6 +1432,86 @@ async fn wb_small_writes_queued_behind_one_go_out_merged() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// Merging takes only one descriptor's writes: a write through another descriptor, even
+/// one that continues the last, goes out on its own, and so do the writes after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_merging_stops_at_a_write_through_another_descriptor() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    let fh2 = h.open(f, libc::O_WRONLY).await;
+    h.plan.hold(ROp::Write);
+    h.fs.write(fh, 0, b"0").await.unwrap();
+    h.plan.until_held(ROp::Write, 1).await;
+    let mut model = b"0".to_vec();
+    for (through, rounds) in [(fh, 10), (fh2, 1), (fh, 10)] {
+        for _ in 0..rounds {
+            let d = [b'a' + (model.len() % 26) as u8; 3];
+            h.fs.write(through, model.len() as u64, &d).await.unwrap();
+            model.extend(d);
+        }
+    }
+    h.plan.release(ROp::Write);
+    h.fs.flush(fh).await.unwrap();
+    h.fs.flush(fh2).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), model);
+    assert_eq!(
+        h.plan.calls(ROp::Write),
+        4,
+        "first, 10 merged, the other's, 10 merged"
+    );
+    h.fs.release(fh2).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
+/// A write that waits for the writer (the early-answer queue was full) and is merged into a
+/// WRITE that cannot be sent is answered with the failure, as it would be on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_waiting_write_merged_into_a_refused_send_is_told() {
+    let h = Harness::with(
+        config(long_ttls()),
+        Some(Limits {
+            max_read: 16 * 1024,
+            max_write: 2 * super::file::EARLY_ANSWER_BYTES,
+            max_open_handles: 64,
+        }),
+    );
+    let (f, fh) = h
+        .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
+        .await;
+    // A time change behind the writes keeps the writer at the server's door meanwhile.
+    h.plan.hold(ROp::Fsetstat);
+    let set = SetattrRequest {
+        mtime: at(1_000_000),
+        ..Default::default()
+    };
+    h.fs.setattr(f, None, set).await.unwrap();
+    h.plan.until_held(ROp::Fsetstat, 1).await;
+    let mib = vec![7u8; (super::file::EARLY_ANSWER_BYTES / 4) as usize];
+    for i in 0..4u64 {
+        let mut w = Box::pin(h.fs.write(fh, i * mib.len() as u64, &mib));
+        assert!(
+            answered_at_once(&mut w).is_some(),
+            "write {i} fits in the queue"
+        );
+    }
+    let mut waiting = Box::pin(h.fs.write(fh, super::file::EARLY_ANSWER_BYTES as u64, b"tail"));
+    assert!(
+        answered_at_once(&mut waiting).is_none(),
+        "the queue is full"
+    );
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    h.plan.release(ROp::Fsetstat);
+    let e = waiting.await.unwrap_err();
+    assert_eq!(e.errno, libc::EIO, "{e}");
+    assert_eq!(
+        h.plan.calls(ROp::Write),
+        1,
+        "the five writes went out as one"
+    );
+    assert_eq!(h.fs.stats.writes_merged.load(Ordering::Relaxed), 4);
+    h.fs.release(fh).await.ok();
+}
+
 /// A merged WRITE that fails is reported like any write: by the next flush.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_a_failed_merged_write_is_reported() {

@@ -1357,12 +1357,9 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
         }
         let mut done = None;
         for p in pending {
-            let reply = p.wait().await;
-            if done.is_some() {
-                // Past the end: the rest of the batch answers EOF too.
-                continue;
-            }
-            match reply {
+            // Past the end the rest of the round answers EOF (sftp-server answers a handle's
+            // requests in order); names that come anyway are kept, whatever the server.
+            match p.wait().await {
                 Ok(Response::Name(names)) => {
                     for n in names {
                         let name = n.filename.as_os_str();
@@ -1381,6 +1378,7 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
                         });
                     }
                 }
+                _ if done.is_some() => {}
                 Ok(Response::Status { code: 1, .. }) => done = Some(Ok(())),
                 Ok(Response::Status { code, message }) => {
                     done = Some(Err(status_err(code, message)))
