@@ -34,8 +34,12 @@ use super::pacing::{self, MinRtt};
 use crate::remote::{RemoteError, RemoteResult};
 
 /// Requests one channel may have outstanding. OpenSSH's sftp-server reads requests as they
-/// come and answers each in turn, so this only bounds our memory and the server's queue.
-pub const MAX_REQUESTS_IN_FLIGHT: usize = 64;
+/// come and answers each in turn, so this only bounds our memory and the server's queue
+/// (bytes are bounded apart, below). At 64, 5,000 random 4 KiB `pwrite`s (a database's
+/// pages: no two continue each other, so none are merged) took 1.83 s at 20 ms against
+/// 0.47-0.72 s for sshfs, which bounds nothing; 256 took 0.68 s. 1,024 was slower again
+/// (1.3-1.7 s): 4 MiB of small WRITEs is twice the SSH window OpenSSH gives a channel.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 256;
 
 /// Payload bytes (READ lengths + WRITE data) one channel may have outstanding.
 pub const MAX_BYTES_IN_FLIGHT: usize = 8 * 1024 * 1024;
