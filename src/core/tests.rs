@@ -1463,6 +1463,23 @@ async fn wb_merging_stops_at_a_write_through_another_descriptor() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// Create `f` (`O_EXCL`, so its time changes go behind its writes) and queue a time change
+/// whose FSETSTAT is held at the server's door: the file's writer waits there, and the
+/// writes queued meanwhile wait behind it. `release(ROp::Fsetstat)` lets them go.
+async fn writer_held_behind_a_time_change(h: &Harness) -> u64 {
+    let (f, fh) = h
+        .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
+        .await;
+    h.plan.hold(ROp::Fsetstat);
+    let set = SetattrRequest {
+        mtime: at(1_000_000),
+        ..Default::default()
+    };
+    h.fs.setattr(f, None, set).await.unwrap();
+    h.plan.until_held(ROp::Fsetstat, 1).await;
+    fh
+}
+
 /// A write that waits for the writer (the early-answer queue was full) and is merged into a
 /// WRITE that cannot be sent is answered with the failure, as it would be on its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1475,17 +1492,7 @@ async fn wb_a_waiting_write_merged_into_a_refused_send_is_told() {
             max_open_handles: 64,
         }),
     );
-    let (f, fh) = h
-        .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
-        .await;
-    // A time change behind the writes keeps the writer at the server's door meanwhile.
-    h.plan.hold(ROp::Fsetstat);
-    let set = SetattrRequest {
-        mtime: at(1_000_000),
-        ..Default::default()
-    };
-    h.fs.setattr(f, None, set).await.unwrap();
-    h.plan.until_held(ROp::Fsetstat, 1).await;
+    let fh = writer_held_behind_a_time_change(&h).await;
     let mib = vec![7u8; (super::file::EARLY_ANSWER_BYTES / 4) as usize];
     for i in 0..4u64 {
         let mut w = Box::pin(h.fs.write(fh, i * mib.len() as u64, &mib));
@@ -1516,18 +1523,7 @@ async fn wb_a_waiting_write_merged_into_a_refused_send_is_told() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_a_failed_merged_write_is_reported() {
     let h = Harness::new();
-    let (f, fh) = h
-        .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL)
-        .await;
-    // A time change behind the writes (its FSETSTAT held at the server's door) keeps the
-    // writer busy while 20 writes queue behind it.
-    h.plan.hold(ROp::Fsetstat);
-    let set = SetattrRequest {
-        mtime: at(1_000_000),
-        ..Default::default()
-    };
-    h.fs.setattr(f, None, set).await.unwrap();
-    h.plan.until_held(ROp::Fsetstat, 1).await;
+    let fh = writer_held_behind_a_time_change(&h).await;
     for i in 0..20u64 {
         assert_eq!(h.fs.write(fh, i * 4, b"more").await.unwrap(), 4);
     }
