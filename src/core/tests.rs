@@ -1339,16 +1339,21 @@ async fn cache_memory_is_bounded() {
 
 // ------------------------------------------------------------------------------ write-behind
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wb_many_writes_then_flush_are_all_on_disk_in_order() {
-    let h = Harness::with(
+/// Long TTLs, and a server taking WRITEs of at most 4 KiB: many writes for little data.
+fn harness_with_4k_writes() -> Harness {
+    Harness::with(
         config(long_ttls()),
         Some(Limits {
             max_read: 16 * 1024,
             max_write: 4096,
             max_open_handles: 64,
         }),
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_many_writes_then_flush_are_all_on_disk_in_order() {
+    let h = harness_with_4k_writes();
     let (f, fh) = h.create(ROOT, "f").await;
     let mut model = Vec::new();
     let mut pending = Vec::new();
@@ -1388,14 +1393,7 @@ async fn wb_many_writes_then_flush_are_all_on_disk_in_order() {
 /// before (here an overwrite further back) ends a merge and starts the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_small_writes_queued_behind_one_go_out_merged() {
-    let h = Harness::with(
-        config(long_ttls()),
-        Some(Limits {
-            max_read: 16 * 1024,
-            max_write: 4096,
-            max_open_handles: 64,
-        }),
-    );
+    let h = harness_with_4k_writes();
     let (f, fh) = h.create(ROOT, "f").await;
     h.plan.hold(ROp::Write);
     let mut model = vec![b'a'; 100];
