@@ -25,10 +25,11 @@
 //!
 //! **Merging.** Writes of one descriptor that wait in the queue behind another, each starting
 //! where the one before ends, go out as one WRITE of up to `max_write` bytes (`Merged`): a
-//! log flushed line by line or `dd bs=512` would otherwise be held to one channel's
-//! requests in flight (`MAX_REQUESTS_IN_FLIGHT`) per round trip. Nothing waits to be merged: only what already queued
-//! while the writer was busy. The merged WRITE is one write for everything above (order,
-//! failure latched and reported, sent again after a connection loss).
+//! log flushed line by line or `dd bs=512` would otherwise be held to one channel's requests
+//! in flight (`MAX_REQUESTS_IN_FLIGHT`) per round trip. Nothing waits to be merged: only
+//! what already queued while the writer was busy. The merged WRITE is one write for
+//! everything above (order, failure latched and reported, sent again after a connection
+//! loss).
 //!
 //! **Striping.** One SFTP channel moves at most its SSH flow-control window (OpenSSH: 2 MiB)
 //! per round trip, so at 20 ms one handle cannot write faster than about 100 MiB/s. Once a
@@ -890,9 +891,9 @@ async fn send_in_order<R: Remote>(
 /// go out as one WRITE of at most `max_write` bytes. Why: one SFTP channel keeps at most
 /// `MAX_REQUESTS_IN_FLIGHT` requests outstanding, so at 20 ms a program writing 512 bytes at
 /// a time (`dd bs=512`, a log flushed line by line) was held to that many writes per round
-/// trip (64 then: 1.6 MB/s), where sshfs, which bounds nothing, was five to seven times faster. Only writes
-/// already queued are merged (they were answered early, or wait for the writer anyway), so a
-/// lone write is never held back to wait for company.
+/// trip (64 then: 1.6 MB/s), where sshfs, which bounds nothing, was five to seven times
+/// faster. Only writes already queued are merged (they were answered early, or wait for the
+/// writer anyway), so a lone write is never held back to wait for company.
 struct Merged {
     end: u64,
     data: Bytes,

@@ -52,7 +52,7 @@ pub fn write_budget(min_rtt: Option<Duration>, max: usize) -> usize {
 /// how many small WRITEs are in flight, by the round trip like their bytes. On loopback (the
 /// 1 MiB floor) that is 64, what a channel allowed of any request before it allowed 256:
 /// 5,000 random 4 KiB `pwrite`s took 0.23-0.37 s with 64 in flight, 0.32-0.60 s with 256
-/// and 0.52-0.55 s with 448 (sshfs 0.40-0.42 s); at 20 ms 256 are needed (64: 1.8 s).
+/// and 0.52-0.55 s with 448 (sshfs 0.34-0.43 s); at 20 ms 256 are needed (64: 1.8 s).
 pub const MIN_WRITE_CHARGE: usize = 16 * 1024;
 
 /// Permits of a `max`-permit byte semaphore a WRITE of `len` bytes takes when writes may
