@@ -887,6 +887,32 @@ async fn send_in_order<R: Remote>(
     }
 }
 
+/// The check every write passes before it is sent. After a failure the writes are not told of
+/// yet, nothing is sent: it would land behind the loss. A write still waiting for its answer
+/// (`done`) is refused with the failure (and later ones go again); one answered already is
+/// reported by the close or fsync that follows, which have not been told either. A refused
+/// write leaves the queue here. `Ok`: it may go, with its `done` back.
+fn pass_failure_check<R: Remote>(
+    stream: &WriteStream<R>,
+    file: &OpenFile<R>,
+    done: Option<oneshot::Sender<WriteAnswer>>,
+) -> Result<Option<oneshot::Sender<WriteAnswer>>, ()> {
+    let told: &[Told] = match done {
+        Some(_) => &[Told::Writes],
+        None => &[],
+    };
+    match file.tell(Told::Writes, told) {
+        None => Ok(done),
+        Some(failure) => {
+            stream.queued.fetch_sub(1, Ordering::AcqRel);
+            if let Some(done) = done {
+                let _ = done.send(Err(failure));
+            }
+            Err(())
+        }
+    }
+}
+
 /// Writes of one descriptor, each continuing the one before, taken from the queue together to
 /// go out as one WRITE of at most `max_write` bytes. Why: one SFTP channel keeps at most
 /// `MAX_REQUESTS_IN_FLIGHT` requests outstanding, so at 20 ms a program writing 512 bytes at
@@ -922,9 +948,8 @@ impl Merged {
     }
 
     /// Take the queued writes of `file` that continue this one, while the whole fits in one
-    /// WRITE. The first job that cannot join is left in `carried`. A write that the
-    /// descriptor's latched failure refuses is answered with it here, as the writer loop would
-    /// (the writes merged before it passed the same check).
+    /// WRITE. The first job that cannot join is left in `carried`. Each passes
+    /// [`pass_failure_check`] as the writer loop's first did; one refused ends the merge.
     fn absorb<R: Remote>(
         &mut self,
         stream: &WriteStream<R>,
@@ -939,29 +964,27 @@ impl Merged {
         let mut total = self.data.len();
         while total < max_write {
             let Ok(job) = rx.try_recv() else { break };
-            let joins = matches!(&job, WriteJob::Data { file: f, offset, data, .. }
-                if Arc::ptr_eq(f, file) && *offset == self.end && total + data.len() <= max_write);
-            if !joins {
-                *carried = Some(job);
-                break;
-            }
-            let WriteJob::Data {
-                data, done, early, ..
-            } = job
-            else {
-                unreachable!("checked above")
-            };
-            let told: &[Told] = match done {
-                Some(_) => &[Told::Writes],
-                None => &[],
-            };
-            if let Some(failure) = file.tell(Told::Writes, told) {
-                stream.queued.fetch_sub(1, Ordering::AcqRel);
-                if let Some(done) = done {
-                    let _ = done.send(Err(failure));
+            let (data, done, early) = match job {
+                WriteJob::Data {
+                    file: f,
+                    offset,
+                    data,
+                    done,
+                    early,
+                } if Arc::ptr_eq(&f, file)
+                    && offset == self.end
+                    && total + data.len() <= max_write =>
+                {
+                    (data, done, early)
                 }
+                other => {
+                    *carried = Some(other);
+                    break;
+                }
+            };
+            let Ok(done) = pass_failure_check(stream, file, done) else {
                 break;
-            }
+            };
             total += data.len();
             self.end += data.len() as u64;
             if let Some(done) = done {
@@ -1141,22 +1164,9 @@ async fn writer_loop<R: Remote>(
                 done,
                 early,
             } => {
-                // After a failure the writes are not told of yet, nothing is sent: it would
-                // land behind the loss. A write still waiting for its answer reports the
-                // failure (and later ones go again); one answered already is reported by the
-                // close or fsync that follows, which have not been told either.
-                let told: &[Told] = match done {
-                    Some(_) => &[Told::Writes],
-                    None => &[],
-                };
-                let refused = file.tell(Told::Writes, told);
-                if let Some(failure) = refused {
-                    stream.queued.fetch_sub(1, Ordering::AcqRel);
-                    if let Some(done) = done {
-                        let _ = done.send(Err(failure));
-                    }
+                let Ok(done) = pass_failure_check(&stream, &file, done) else {
                     continue;
-                }
+                };
                 // Small writes queued behind this one that continue it go out with it, as one
                 // WRITE: see `Merged`.
                 let mut merged = Merged::new(offset, data, done, early);
