@@ -1594,6 +1594,57 @@ fn striped_sequential_write_lands_and_keeps_order() {
     );
 }
 
+/// Pages written out of order through one descriptor, as a database writes them, many more
+/// than one SFTP channel keeps in flight: they are spread over extra lanes too. Every page
+/// lands, a page written again while its first write may still be on the way keeps the later
+/// data, and a read through the mount sees what was written.
+#[test]
+fn scattered_writes_spread_over_lanes_and_keep_order() {
+    const PAGE: usize = 4096;
+    const PAGES: usize = 4096;
+    let m = TestMount::start(&[]);
+    let mut want = pattern(7, PAGE * PAGES);
+    fs::write(m.e("db.bin"), &want).unwrap();
+    let before = bytes_striped(&m);
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("db.bin"))
+        .unwrap();
+    // 1999 is prime to 4096: a permutation in which no page follows the one before it.
+    let page = |i: usize| (i * 1999) % PAGES;
+    let put = |f: &File, want: &mut [u8], p: usize, seed: u64| {
+        let data = pattern(seed, PAGE);
+        f.write_all_at(&data, (p * PAGE) as u64).unwrap();
+        want[p * PAGE..(p + 1) * PAGE].copy_from_slice(&data);
+    };
+    for i in 0..3_000 {
+        put(&f, &mut want, page(i), 1_000 + i as u64);
+        if i >= 600 && i % 3 == 0 {
+            // Again, a few hundred writes later.
+            put(&f, &mut want, page(i - 500), 5_000 + i as u64);
+        }
+        if i % 500 == 499 {
+            let mut got = vec![0u8; PAGE];
+            f.read_exact_at(&mut got, (page(i) * PAGE) as u64).unwrap();
+            assert_same_bytes(&got, &want[page(i) * PAGE..][..PAGE], "page read back");
+        }
+    }
+    // Through another descriptor, over pages the first may still have in flight.
+    let g = OpenOptions::new().write(true).open(m.p("db.bin")).unwrap();
+    for i in 2_990..3_000 {
+        put(&g, &mut want, page(i), 9_000 + i as u64);
+    }
+    drop(g);
+    f.sync_all().unwrap();
+    drop(f);
+    assert_same_bytes(&fs::read(m.e("db.bin")).unwrap(), &want, "server copy");
+    assert!(
+        bytes_striped(&m) > before,
+        "no scattered write went through an extra lane"
+    );
+}
+
 #[test]
 fn three_hundred_open_files_on_one_channel() {
     // max_conns=1 puts every handle on one SFTP session: handle slots 128.. are where a

@@ -32,17 +32,23 @@
 //! loss).
 //!
 //! **Striping.** One SFTP channel moves at most its SSH flow-control window (OpenSSH: 2 MiB)
-//! per round trip, so at 20 ms one handle cannot write faster than about 100 MiB/s. Once a
-//! descriptor's writes have been one contiguous run (each starting where the previous one
-//! ended) for [`STRIPE_AFTER`] bytes, the writer opens the file again on up to
-//! [`MAX_LANES`]` - 1` other channels ("lanes", `Remote::open_alongside`, write only, never for
-//! `O_APPEND`) and spreads the rest of the run over all of them, [`STRIPE_UNIT`] at a time.
+//! per round trip, so at 20 ms one handle cannot write faster than about 100 MiB/s; and it
+//! keeps at most `MAX_REQUESTS_IN_FLIGHT` requests outstanding, so small writes at random
+//! places (a database's pages, which nothing merges) go at most that many per round trip.
+//! Once a descriptor's writes have been one contiguous run (each starting where the previous
+//! one ended) for [`STRIPE_AFTER`] bytes, or [`SPREAD_AFTER`] of them did not continue the one
+//! before, the writer opens the file again on up to [`MAX_LANES`]` - 1` other channels
+//! ("lanes", `Remote::open_alongside`, write only, never for `O_APPEND`) and from then on
+//! sends the descriptor's writes over all of them: the file is dealt out in units of
+//! [`STRIPE_UNIT`], in turn to the descriptor's own handle and to each lane (`Placement`).
 //! The guarantees above still hold:
-//! * ordering: before the first chunk of a run goes on a lane, every earlier write is answered;
-//!   from then on every chunk sent starts where the previous one ended, so the chunks in flight
-//!   are disjoint and their order does not matter. A write that breaks the run and overlaps
-//!   what may still be in flight on a lane, a barrier, or a write through another descriptor
-//!   waits for every answer first (only then can a later write overtake nothing);
+//! * ordering: before the first write goes on a lane, every earlier write is answered; from
+//!   then on a byte always goes through the same handle, so two writes over the same bytes go
+//!   through one channel to one server process, which does them in the order sent, and writes
+//!   over different bytes may land in any order. An attribute change goes through the own
+//!   handle after every lane's writes are answered, and a lane's write after it waits for its
+//!   answer (so no write lands after a time change it preceded, or before one it followed).
+//!   A write through another descriptor, or a barrier, waits for every answer first;
 //! * errors: the answers of lane writes are latched on the descriptor like any other. A lane
 //!   whose write cannot be sent for a connection error is dropped and the chunk goes through
 //!   the descriptor's own handle (which is reopened after a reconnect); a chunk already in
@@ -103,9 +109,15 @@ pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 /// Most handles (the descriptor's own included) one striped run is spread over.
 pub const MAX_LANES: usize = 4;
 
-/// Bytes put on one lane before the next one takes over (rounded up to whole `max_write`
-/// chunks). Turns of one chunk measured the same within noise (256 MiB `dd` at 20 ms: 130
-/// vs 134-138 MiB/s); whole MiBs mean fewer switches between channels.
+/// Writes through one descriptor that do not continue the one before it (a database's pages,
+/// say) after which its writes are spread over lanes, like a long run's: one channel's
+/// requests in flight (`MAX_REQUESTS_IN_FLIGHT` of the SFTP remote). Fewer can all be in
+/// flight on the descriptor's own channel at once anyway.
+pub const SPREAD_AFTER: u32 = 256;
+
+/// Bytes of the file dealt to one handle before the next one's (rounded up to whole
+/// `max_write` chunks). Turns of one chunk measured the same within noise (256 MiB `dd` at
+/// 20 ms: 130 vs 134-138 MiB/s); whole MiBs mean fewer switches between channels.
 pub const STRIPE_UNIT: usize = 1024 * 1024;
 
 /// How a write that waits is answered: the bytes written, or a failure with the end of the
@@ -616,6 +628,14 @@ impl<R: Remote> OpenFile<R> {
             && !matches!(*self.lanes.lock().unwrap(), Lanes::Refused)
     }
 
+    /// Its lanes, if they are open (none are opened here).
+    fn open_lanes(&self) -> Option<Vec<R::Handle>> {
+        match &*self.lanes.lock().unwrap() {
+            Lanes::Open(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+
     /// The descriptor is being closed: its lanes, to close, and never any again.
     pub fn take_lanes(&self) -> Vec<R::Handle> {
         match std::mem::replace(&mut *self.lanes.lock().unwrap(), Lanes::Refused) {
@@ -1005,25 +1025,36 @@ impl Merged {
     }
 }
 
-/// The lanes a striped run is spread over, in turn with the descriptor's own handle.
-struct Striping<H> {
+/// Where each byte a descriptor writes goes while its lanes are in use: the file is cut into
+/// units of `unit` bytes, dealt in turn to the descriptor's own handle and to each lane. A
+/// byte always goes through the same handle, so two writes over the same bytes go through one
+/// channel to one server process, which does them in the order sent, whatever is in flight on
+/// the other handles (see "Striping" in the module doc).
+struct Placement<H> {
     lanes: Vec<H>,
-    /// Whose turn it is: 0 the descriptor's own handle, `i` lane `i - 1`.
-    turn: usize,
-    /// Chunks sent in the current turn.
-    chunks: usize,
+    unit: u64,
 }
 
-impl<H: Clone> Striping<H> {
-    /// The handle for the next chunk: `None` for the descriptor's own.
-    fn next(&mut self, unit_chunks: usize) -> Option<H> {
-        if self.chunks >= unit_chunks {
-            self.chunks = 0;
-            self.turn = (self.turn + 1) % (self.lanes.len() + 1);
-        }
-        self.chunks += 1;
-        self.turn.checked_sub(1).map(|i| self.lanes[i].clone())
+impl<H: Clone> Placement<H> {
+    /// The handle for the bytes from `at` (`None`: the descriptor's own) and how many of them
+    /// go through it: up to the end of their unit.
+    fn place(&self, at: u64) -> (Option<H>, u64) {
+        let unit = at / self.unit;
+        let turn = (unit % (self.lanes.len() as u64 + 1)) as usize;
+        let room = (unit + 1) * self.unit - at;
+        (turn.checked_sub(1).map(|i| self.lanes[i].clone()), room)
     }
+}
+
+/// What the writer has in flight that a request through another handle could overtake.
+#[derive(Default)]
+struct Unsettled {
+    /// Writes on lanes: an attribute change (through the descriptor's own handle) waits
+    /// for them, so that no write lands after it and moves the mtime it set.
+    on_lanes: bool,
+    /// An attribute change through the descriptor's own handle: a write on a lane waits for
+    /// it, for the same reason.
+    attrs_on_own: bool,
 }
 
 /// The lanes of `file`, opened now if they never were (empty: do not stripe, for now or for
@@ -1135,17 +1166,20 @@ async fn writer_loop<R: Remote>(
         return;
     };
     let max_write = remote.limits().max_write.max(4096) as usize;
-    let unit_chunks = STRIPE_UNIT.div_ceil(max_write).max(1);
+    // Whole WRITEs per unit, so that a long run is cut into full ones.
+    let unit = (STRIPE_UNIT.div_ceil(max_write).max(1) * max_write) as u64;
     // The descriptor the previous write went through (held weakly: its address cannot be
     // reused by another descriptor while it is compared with).
     let mut last: Option<Weak<OpenFile<R>>> = None;
     // The current run of `last`: where it continues and how many bytes it has so far.
     let mut run_end = 0u64;
     let mut run_len = 0u64;
-    // While the run is striped: its lanes.
-    let mut striping: Option<Striping<R::Handle>> = None;
-    // The bytes that may still be in flight on lanes (none once every answer is in).
-    let mut lane_span: Option<(u64, u64)> = None;
+    // Writes through `last` that did not continue the one before it, since it became `last`
+    // (or since its lanes could not be opened).
+    let mut scattered = 0u32;
+    // While `last`'s lanes are in use: where each byte goes.
+    let mut placement: Option<Placement<R::Handle>> = None;
+    let mut unsettled = Unsettled::default();
     // The version of `last`'s handle its previous write went through (see `send_in_order`).
     let mut seen = 0u64;
     // Everything put on the wire is numbered, for the order of sending it again.
@@ -1186,42 +1220,39 @@ async fn writer_loop<R: Remote>(
                         // Another descriptor, maybe another channel: let the earlier writes
                         // land (on whatever lanes they went).
                         catch_up(&stream, &fs, &remote, 0, false).await;
-                        lane_span = None;
+                        unsettled = Unsettled::default();
                     }
                     last = Some(Arc::downgrade(&file));
                     seen = file.versioned_handle().await.1;
-                    striping = None;
+                    // Nothing of another descriptor is in flight: if this one has lanes,
+                    // they take over where they left off.
+                    placement = file.open_lanes().map(|lanes| Placement { lanes, unit });
                     run_len = 0;
+                    scattered = 0;
                 }
                 let len = data.len() as u64;
                 if run_len == 0 || offset != run_end {
                     // Not the continuation of the run: a new run starts here.
                     run_len = 0;
-                    striping = None;
-                    if lane_span.is_some_and(|(a, b)| offset < b && a < offset + len) {
-                        // It overlaps a chunk that may be in flight on a lane, which the
-                        // handle it goes through would not keep it behind.
-                        catch_up(&stream, &fs, &remote, 0, false).await;
-                        lane_span = None;
-                    }
+                    scattered = scattered.saturating_add(1);
                 }
-                if striping.is_none() && run_len >= STRIPE_AFTER && file.may_stripe() {
+                if placement.is_none()
+                    && (run_len >= STRIPE_AFTER || scattered >= SPREAD_AFTER)
+                    && file.may_stripe()
+                {
                     // Before a chunk goes on a lane, everything earlier must have landed: it
-                    // could overlap.
+                    // could overlap, and went through the descriptor's own handle.
                     let ((), lanes) = tokio::join!(
                         catch_up(&stream, &fs, &remote, 0, false),
                         lanes_for(&fs, &remote, &file)
                     );
-                    lane_span = None;
+                    unsettled = Unsettled::default();
                     if lanes.is_empty() {
                         // Count again (a later run may find lanes: after a reconnect).
                         run_len = 0;
+                        scattered = 0;
                     } else {
-                        striping = Some(Striping {
-                            lanes,
-                            turn: 0,
-                            chunks: 0,
-                        });
+                        placement = Some(Placement { lanes, unit });
                     }
                 }
                 let mut rest = data;
@@ -1229,30 +1260,37 @@ async fn writer_loop<R: Remote>(
                 let mut striped = 0u64;
                 let mut send_failed = false;
                 while !rest.is_empty() {
-                    let n = rest.len().min(max_write);
+                    let (lane, room) = match &placement {
+                        Some(p) => p.place(at),
+                        None => (None, u64::MAX),
+                    };
+                    if lane.is_some() && unsettled.attrs_on_own {
+                        catch_up(&stream, &fs, &remote, 0, false).await;
+                        unsettled = Unsettled::default();
+                    }
+                    let n = rest
+                        .len()
+                        .min(max_write)
+                        .min(room.min(u32::MAX as u64) as usize);
                     let chunk = rest.split_to(n);
                     let Ok(permit) = stream.window.clone().acquire_many_owned(n as u32).await
                     else {
                         break;
                     };
-                    let end = at + n as u64;
-                    let lane = striping.as_mut().and_then(|s| s.next(unit_chunks));
                     seq += 1;
                     let req = Lost::new(seq, &file, Resend::Chunk { at, data: chunk });
                     let sent = match lane {
                         Some(h) => match req.send_on(&remote, h).await {
                             Ok(ack) => {
                                 striped += n as u64;
-                                lane_span = Some(match lane_span {
-                                    Some((a, b)) => (a.min(at), b.max(end)),
-                                    None => (at, end),
-                                });
+                                unsettled.on_lanes = true;
                                 Ok(ack)
                             }
                             Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
-                                // Never sent: the lanes went with the connection. The
-                                // descriptor's own handle is reopened.
-                                striping = None;
+                                // Never sent: the lanes went with the connection, and what
+                                // they had in flight is sent again (`catch_up`) before this.
+                                // The descriptor's own handle is reopened.
+                                placement = None;
                                 drop_lanes(&remote, &file);
                                 send_in_order(&stream, &fs, &remote, &mut seen, &req).await
                             }
@@ -1307,17 +1345,18 @@ async fn writer_loop<R: Remote>(
                 let same = last
                     .as_ref()
                     .is_some_and(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&file)));
-                if (last.is_some() && !same) || lane_span.is_some() {
+                if (last.is_some() && !same) || unsettled.on_lanes {
                     // Writes through another descriptor, or on lanes, could land after it
                     // (and move the mtime it sets): let them land first.
                     catch_up(&stream, &fs, &remote, 0, false).await;
-                    lane_span = None;
+                    unsettled = Unsettled::default();
                 }
                 if !same {
                     last = Some(Arc::downgrade(&file));
                     seen = file.versioned_handle().await.1;
-                    striping = None;
+                    placement = file.open_lanes().map(|lanes| Placement { lanes, unit });
                     run_len = 0;
+                    scattered = 0;
                 }
                 // One unit of the window: "all answered" waits for this one too.
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
@@ -1326,7 +1365,10 @@ async fn writer_loop<R: Remote>(
                     seq += 1;
                     let req = Lost::new(seq, &file, Resend::Attrs(attrs));
                     match send_in_order(&stream, &fs, &remote, &mut seen, &req).await {
-                        Ok(ack) => stream.answer_later(&fs, ack, permit, req),
+                        Ok(ack) => {
+                            unsettled.attrs_on_own = true;
+                            stream.answer_later(&fs, ack, permit, req)
+                        }
                         Err(e) => req.failed(&fs, e),
                     }
                 }
@@ -1334,7 +1376,7 @@ async fn writer_loop<R: Remote>(
             }
             WriteJob::CatchUp => {
                 catch_up(&stream, &fs, &remote, 0, true).await;
-                lane_span = None;
+                unsettled = Unsettled::default();
                 if stream.has_lost() {
                     // No connection yet (the reconnect goes on in the background): look again
                     // later, even if the file is not used again. Ends with the writer task.
@@ -1347,8 +1389,7 @@ async fn writer_loop<R: Remote>(
             }
             WriteJob::Barrier { done } => {
                 catch_up(&stream, &fs, &remote, 0, false).await;
-                // Nothing in flight: a striped run may go on striping without waiting.
-                lane_span = None;
+                unsettled = Unsettled::default();
                 let _ = done.send(());
             }
         }

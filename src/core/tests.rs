@@ -2426,6 +2426,98 @@ async fn stripe_lanes_of_a_lost_connection_are_replaced() {
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
 }
 
+/// Page `i` of a file of `pages` pages written out of order, as a database writes them: a
+/// permutation in which no page follows the one written before it (so nothing merges).
+fn scattered_page(i: usize, pages: usize) -> usize {
+    (i * 1999) % pages
+}
+
+/// Pages written out of order, more than one channel keeps in flight, are spread over lanes;
+/// a write over a page still on its way through a lane lands after it, as through one handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_scattered_writes_go_over_lanes_and_keep_their_order() {
+    use super::file::SPREAD_AFTER;
+    const PAGE: usize = 4096;
+    const PAGES: usize = 4096;
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "db").await;
+    // What goes through a lane lands 100 ms late, what goes through the own handle at once.
+    h.plan
+        .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(100)));
+    let writes = 2 * SPREAD_AFTER as usize;
+    let mut model = vec![0u8; PAGE * PAGES];
+    // Every page of the first round is written again in the second.
+    for round in 0..2 {
+        for i in 0..writes {
+            let at = scattered_page(i, PAGES) * PAGE;
+            let page = vec![(round * 101 + i % 89 + 1) as u8; PAGE];
+            h.write(fh, at as u64, &page).await;
+            model[at..at + PAGE].copy_from_slice(&page);
+        }
+    }
+    h.fs.flush(fh).await.unwrap();
+    assert!(striped(&h) > 0, "nothing went through a lane");
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 1, "lanes opened once");
+    let end = (0..writes)
+        .map(|i| (scattered_page(i, PAGES) + 1) * PAGE)
+        .max()
+        .unwrap();
+    let on_disk = std::fs::read(h.disk("db")).unwrap();
+    let first = on_disk.iter().zip(&model).position(|(a, b)| a != b);
+    assert!(
+        on_disk.len() == end && first.is_none(),
+        "disk ({} bytes, {end} expected) differs from the model first at byte {first:?} (page {:?})",
+        on_disk.len(),
+        first.map(|b| b / PAGE)
+    );
+    h.plan.clear_all();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "lanes left open on the server");
+}
+
+/// A time change behind the writes goes through the descriptor's own handle; a write on a
+/// lane after it waits for it. Otherwise the write could land first and the change would
+/// leave the mtime it set, where the write must move it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_a_write_on_a_lane_waits_for_a_time_change_before_it() {
+    use super::file::{SPREAD_AFTER, STRIPE_UNIT};
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    for i in 0..SPREAD_AFTER as usize + 8 {
+        let at = scattered_page(i, 4096) * 4096;
+        h.write(fh, at as u64, &[1u8; 4096]).await;
+    }
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 1, "no lanes");
+    // The own handle slow: its writes and attribute changes land 300 ms late.
+    for op in [ROp::Write, ROp::Fsetstat] {
+        h.plan.set_queue_delay(op, Some(Duration::from_millis(300)));
+    }
+    h.fs.setattr(ino, Some(fh), times(None, at(1_000_000)))
+        .await
+        .unwrap();
+    // The start of the second unit: the first lane's.
+    let max_write = crate::remote::Remote::limits(h.fs.remote().as_ref()).max_write as usize;
+    let unit = STRIPE_UNIT.div_ceil(max_write) * max_write;
+    let lane_writes = h.plan.calls(ROp::LaneWrite);
+    h.write(fh, unit as u64, b"later").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::LaneWrite), lane_writes + 1);
+    assert_eq!(
+        h.plan.calls(ROp::Fsetstat),
+        1,
+        "the time change did not go behind"
+    );
+    assert_ne!(
+        h.meta("f").mtime(),
+        1_000_000,
+        "the write on a lane landed before the time change sent ahead of it"
+    );
+    h.plan.clear_all();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
 // ------------------------------------------------------------------------------ reconnect
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

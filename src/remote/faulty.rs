@@ -15,8 +15,8 @@
 //! * [`FaultPlan::set_delay`] / [`FaultPlan::set_op_delay`]: each call waits first;
 //!   [`FaultPlan::hold`]: calls of one [`Op`] wait until [`FaultPlan::release`], for tests
 //!   that must know nothing got through meanwhile (no timing involved);
-//! * [`FaultPlan::set_queue_delay`]: queued writes are answered at once and land later (in
-//!   order), while the caller goes on, as over a link with latency;
+//! * [`FaultPlan::set_queue_delay`]: queued writes and attribute changes are answered at once
+//!   and land later (in order), while the caller goes on, as over a link with latency;
 //! * handles from `open_alongside` (extra lanes of a striped write) are marked: their writes
 //!   count as [`Op::LaneWrite`], so they can be failed or delayed alone;
 //! * [`FaultPlan::calls`]: how many calls of each [`Op`] the core made (whether they failed or
@@ -417,11 +417,13 @@ impl FaultPlan {
         self.lock().reply_delays.get(&op).copied()
     }
 
-    /// `write_queued` calls of `op` ([`Op::Write`] or [`Op::LaneWrite`]) return at once, and
-    /// each write reaches the wrapped remote `delay` later, in the order they were queued (over
-    /// all handles): as over a link with latency, where the writer goes on meanwhile. With
-    /// it on lane writes and not on others, a lane's write lands after a later write through
-    /// another handle unless the core waits for its answer: what an ordering test needs.
+    /// `write_queued` calls of `op` ([`Op::Write`] or [`Op::LaneWrite`]), or `fsetstat_queued`
+    /// calls ([`Op::Fsetstat`]), return at once, and each reaches the wrapped remote `delay`
+    /// later, in the order they were queued (over all handles and those ops): as over a link
+    /// with latency, where the writer goes on meanwhile. With it on the descriptor's own
+    /// handle's writes and attribute changes and not on lane writes, a lane's write lands
+    /// before an earlier one through the own handle unless the core waits for its answer
+    /// (and the other way round): what an ordering test needs.
     pub fn set_queue_delay(&self, op: Op, delay: Option<Duration>) {
         set_or_clear(&mut self.lock().queue_delays, op, delay);
     }
@@ -741,6 +743,45 @@ impl<R: Remote> FaultyRemote<R> {
         }))
     }
 
+    /// A queued call with a queue delay ([`FaultPlan::set_queue_delay`]): answered at once,
+    /// performed by `perform` on the wrapped remote `delay` later, after every call delayed
+    /// before it.
+    async fn delayed<F>(
+        &self,
+        op: Op,
+        handle: &FaultyHandle<R::Handle>,
+        delay: Duration,
+        perform: impl FnOnce(Arc<R>, R::Handle) -> F + Send + 'static,
+    ) -> RemoteResult<WriteAck>
+    where
+        F: Future<Output = RemoteResult<()>> + Send + 'static,
+    {
+        let ticket = self.enter(op, Some(handle.generation)).await?;
+        let (done, tail) = tokio::sync::oneshot::channel();
+        let previous = self
+            .delayed_tail
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(tail);
+        let inner = Arc::clone(&self.inner);
+        let id = handle.id;
+        let h = handle.inner.clone();
+        let plan = Arc::clone(&self.plan);
+        let unperformed = Arc::clone(&self.unperformed);
+        unperformed.sent(id);
+        Ok(Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            if let Some(previous) = previous {
+                let _ = previous.await;
+            }
+            let result = perform(inner, h).await;
+            unperformed.performed(id);
+            let _ = done.send(());
+            plan.verdict(ticket)?;
+            result
+        }))
+    }
+
     /// A call on a handle: as [`Self::forward`], but a handle of a dropped connection is stale.
     async fn forward_handle<T, F>(
         &self,
@@ -953,30 +994,11 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     ) -> RemoteResult<WriteAck> {
         let op = handle.write_op();
         if let Some(delay) = self.plan.queue_delay_for(op) {
-            let ticket = self.enter(op, Some(handle.generation)).await?;
-            let (done, tail) = tokio::sync::oneshot::channel();
-            let previous = self
-                .delayed_tail
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .replace(tail);
-            let inner = Arc::clone(&self.inner);
-            let id = handle.id;
-            let handle = handle.inner.clone();
-            let plan = Arc::clone(&self.plan);
-            let unperformed = Arc::clone(&self.unperformed);
-            unperformed.sent(id);
-            return Ok(Box::pin(async move {
-                tokio::time::sleep(delay).await;
-                if let Some(previous) = previous {
-                    let _ = previous.await;
-                }
-                let result = inner.write(&handle, offset, data).await;
-                unperformed.performed(id);
-                let _ = done.send(());
-                plan.verdict(ticket)?;
-                result
-            }));
+            return self
+                .delayed(op, handle, delay, move |inner, h| async move {
+                    inner.write(&h, offset, data).await
+                })
+                .await;
         }
         self.forward_queued(op, handle, || {
             self.inner.write_queued(&handle.inner, offset, data)
@@ -989,6 +1011,13 @@ impl<R: Remote> Remote for FaultyRemote<R> {
         handle: &Self::Handle,
         attrs: SetAttrs,
     ) -> RemoteResult<WriteAck> {
+        if let Some(delay) = self.plan.queue_delay_for(Op::Fsetstat) {
+            return self
+                .delayed(Op::Fsetstat, handle, delay, move |inner, h| async move {
+                    inner.fsetstat(&h, attrs).await
+                })
+                .await;
+        }
         self.forward_queued(Op::Fsetstat, handle, || {
             self.inner.fsetstat_queued(&handle.inner, attrs)
         })

@@ -38,8 +38,10 @@ use crate::remote::{RemoteError, RemoteResult};
 /// (bytes are bounded apart, below). At 64, 5,000 random 4 KiB `pwrite`s (a database's
 /// pages: no two continue each other, so none are merged) took 1.83 s at 20 ms against
 /// 0.47-0.72 s for sshfs, which bounds nothing; 256 took 0.68 s. 1,024 was slower again
-/// (1.3-1.7 s): 4 MiB of small WRITEs is twice the SSH window OpenSSH gives a channel. On
-/// loopback, small WRITEs are held to 64 by the write budget (`pacing::MIN_WRITE_CHARGE`).
+/// (1.3-1.7 s): 4 MiB of small WRITEs is twice the SSH window OpenSSH gives a channel, and
+/// 480 was uneven (0.31-0.96 s). What goes further is more channels: a descriptor's scattered
+/// writes are spread over extra lanes (`core::file::SPREAD_AFTER`). On loopback, small WRITEs
+/// are held to 64 by the write budget (`pacing::MIN_WRITE_CHARGE`).
 pub const MAX_REQUESTS_IN_FLIGHT: usize = 256;
 
 /// Payload bytes (READ lengths + WRITE data) one channel may have outstanding.
