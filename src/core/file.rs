@@ -60,9 +60,12 @@
 //!   20 ms, 160 MiB/s at 50 ms, both above what one sshd and sftp-server write at loopback).
 //!
 //! Lanes are opened by path, like a reopen after a reconnect, through `Fs::open_by_name`: kept
-//! only if no rename or unlink through the mount raced the open (see `names`). A file
-//! replaced behind the mount's back in that round trip is a risk SFTP v3 cannot rule out (it
-//! has no inode numbers), the same as for a reopen.
+//! only if no rename or unlink through the mount raced the open (see `names`). That may be
+//! long after the descriptor was opened, and SFTP v3 has no inode numbers to tell that the
+//! name still leads to its file if it was replaced on the server's side meanwhile: the lanes
+//! are used only if FSTAT tells the same of each of them as of the descriptor's own handle
+//! (size, owner, group, mode, mtime), asked while none of the file's writes is in flight
+//! (`same_file_or_refused`).
 //!
 //! **Attributes behind the writes.** `chmod`, `utimens` and a `chown` that keeps owner and
 //! group, of a file whose only descriptor created it (`O_EXCL`, so the server user owns it),
@@ -103,10 +106,10 @@ pub const WRITE_WINDOW: u32 = 16 * 1024 * 1024;
 /// four `dd bs=1M` writes, or a few hundred of the small writes `tar` and editors make.
 pub const EARLY_ANSWER_BYTES: u32 = 4 * 1024 * 1024;
 
-/// Bytes one descriptor writes contiguously before the rest of the run is striped over lanes.
+/// Bytes one descriptor writes contiguously before its writes are striped over lanes.
 pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 
-/// Most handles (the descriptor's own included) one striped run is spread over.
+/// Most handles (the descriptor's own included) one descriptor's writes are spread over.
 pub const MAX_LANES: usize = 4;
 
 /// Writes through one descriptor that do not continue the one before it (a database's pages,
@@ -239,10 +242,13 @@ impl<R: Remote> WriteStream<R> {
         fs: &Weak<Fs<R>>,
         ack: crate::remote::WriteAck,
         permit: OwnedSemaphorePermit,
-        sent: Lost<R>,
+        mut sent: Lost<R>,
     ) {
         let (stream, fs) = (self.clone(), fs.clone());
         tokio::spawn(async move {
+            // Counted out only once a loss is in `lost` (sent again through the own handle,
+            // not a lane), so no moment shows neither.
+            let lane_write = std::mem::take(&mut sent.on_lane).then(|| sent.file.clone());
             if let Err(e) = ack.await {
                 if sent.may_send_again(&e) {
                     tracing::debug!(
@@ -263,6 +269,9 @@ impl<R: Remote> WriteStream<R> {
                     sent.failed(&fs, e);
                 }
             }
+            if let Some(file) = lane_write {
+                file.lane_writes.fetch_sub(1, Ordering::AcqRel);
+            }
             drop(permit);
         });
     }
@@ -281,6 +290,8 @@ struct Lost<R: Remote> {
     what: Resend,
     /// How many connections it was lost with so far.
     losses: u8,
+    /// Sent through a lane, and counted in its descriptor's `lane_writes` until answered.
+    on_lane: bool,
 }
 
 enum Resend {
@@ -300,6 +311,7 @@ impl<R: Remote> Lost<R> {
             file: file.clone(),
             what,
             losses: 0,
+            on_lane: false,
         }
     }
 
@@ -515,6 +527,8 @@ pub struct OpenFile<R: Remote> {
     /// Extra handles on other channels for striped writes; used by the writer task, closed
     /// at release.
     lanes: Mutex<Lanes<R::Handle>>,
+    /// Writes sent through the lanes and not answered yet.
+    lane_writes: AtomicUsize,
     /// The file's attributes while this descriptor created it and may change its mode and
     /// times behind the writes (see the module doc); None otherwise.
     created: Mutex<Option<Attrs>>,
@@ -544,6 +558,7 @@ impl<R: Remote> OpenFile<R> {
             written_end: AtomicU64::new(0),
             opener,
             lanes: Mutex::new(Lanes::Untried),
+            lane_writes: AtomicUsize::new(0),
             created: Mutex::new(None),
             created_mtime: Mutex::new(None),
             changed_behind: AtomicBool::new(false),
@@ -621,7 +636,7 @@ impl<R: Remote> OpenFile<R> {
         self.stream.submit(fs, job)
     }
 
-    /// Whether a long sequential run through this descriptor may be striped.
+    /// Whether this descriptor's writes may be striped over lanes.
     fn may_stripe(&self) -> bool {
         self.flags.write
             && !self.flags.append
@@ -728,7 +743,7 @@ impl<R: Remote> OpenFile<R> {
 
     /// Whether every write of the file so far is on the wire through this descriptor's own
     /// handle: none waits in the writer task (a job leaves `queued` only once all its chunks
-    /// were handed to the channel), none went on a stripe lane, none was lost with a
+    /// were handed to the channel), none is on its way through a lane, none was lost with a
     /// connection. A request sent through the same handle now is then carried out after
     /// them: one handle lives on one SFTP channel, whose sftp-server process serves requests
     /// in the order they arrive, and the channel sends in the order requests are queued. A
@@ -737,7 +752,7 @@ impl<R: Remote> OpenFile<R> {
     pub fn writes_ahead_on_own_handle(&self) -> bool {
         self.stream.queued.load(Ordering::Acquire) == 0
             && !self.stream.has_lost_writes()
-            && !matches!(*self.lanes.lock().unwrap(), Lanes::Open(_))
+            && self.lane_writes.load(Ordering::Acquire) == 0
     }
 
     /// Queue a write through this descriptor. Returns `None` if the descriptor is being closed;
@@ -1122,6 +1137,57 @@ async fn lanes_for<R: Remote>(
     }
 }
 
+/// `lanes` if they are the file `file`'s own handle is open on, else none (closed, and the
+/// descriptor never stripes). Lanes are opened by name, maybe long after the descriptor was
+/// (when its writes first need them); had something else been put under the name meanwhile,
+/// on the server's side, writes through them would go to that other file. SFTP v3 has no inode
+/// numbers: this compares what FSTAT says of each (size, owner, group, mode, mtime), asked
+/// while none of the file's writes is in flight. A file written by someone else at the same
+/// time may differ between the answers: then it is not striped, which costs only speed.
+async fn same_file_or_refused<R: Remote>(
+    remote: &Arc<R>,
+    file: &OpenFile<R>,
+    lanes: Vec<R::Handle>,
+) -> Vec<R::Handle> {
+    if lanes.is_empty() {
+        return lanes;
+    }
+    let own = file.handle().await;
+    let (own, others) = tokio::join!(
+        remote.fstat(&own),
+        futures_util::future::join_all(lanes.iter().map(|h| remote.fstat(h)))
+    );
+    let mut answers = std::iter::once(own).chain(others);
+    let key = |a: Attrs| (a.size, a.uid, a.gid, a.mode, a.mtime);
+    let mut first = None;
+    // `Some(true)`: not the same file; `Some(false)`: not known (a lost connection: new
+    // lanes are tried on a later run).
+    let refused = answers.find_map(|a| match a {
+        Ok(a) if *first.get_or_insert(key(a)) == key(a) => None,
+        Ok(_) => Some(true),
+        Err(e) => Some(!e.is_connection_error()),
+    });
+    let Some(for_good) = refused else {
+        return lanes;
+    };
+    tracing::debug!(
+        ino = file.ino,
+        for_good,
+        "extra lanes not known to be the same file"
+    );
+    let mut slot = file.lanes.lock().unwrap();
+    if matches!(*slot, Lanes::Open(_)) {
+        *slot = if for_good {
+            Lanes::Refused
+        } else {
+            Lanes::Untried
+        };
+        drop(slot);
+        close_in_background(remote, lanes);
+    }
+    Vec::new()
+}
+
 /// Close handles in the background, in order (best effort: nobody can see an error of CLOSE,
 /// nothing is in flight on them, and a handle of a lost connection is gone with it).
 pub(crate) fn close_in_background<R: Remote>(remote: &Arc<R>, handles: Vec<R::Handle>) {
@@ -1234,6 +1300,11 @@ async fn writer_loop<R: Remote>(
                 if run_len == 0 || offset != run_end {
                     // Not the continuation of the run: a new run starts here.
                     run_len = 0;
+                    if stream.window.available_permits() == WRITE_WINDOW as usize {
+                        // Nothing in flight: the writes so far did not need more than one
+                        // channel's requests at once.
+                        scattered = 0;
+                    }
                     scattered = scattered.saturating_add(1);
                 }
                 if placement.is_none()
@@ -1247,6 +1318,7 @@ async fn writer_loop<R: Remote>(
                         lanes_for(&fs, &remote, &file)
                     );
                     unsettled = Unsettled::default();
+                    let lanes = same_file_or_refused(&remote, &file, lanes).await;
                     if lanes.is_empty() {
                         // Count again (a later run may find lanes: after a reconnect).
                         run_len = 0;
@@ -1278,24 +1350,42 @@ async fn writer_loop<R: Remote>(
                         break;
                     };
                     seq += 1;
-                    let req = Lost::new(seq, &file, Resend::Chunk { at, data: chunk });
+                    let mut req = Lost::new(seq, &file, Resend::Chunk { at, data: chunk });
                     let sent = match lane {
-                        Some(h) => match req.send_on(&remote, h).await {
-                            Ok(ack) => {
-                                striped += n as u64;
-                                unsettled.on_lanes = true;
-                                Ok(ack)
+                        Some(h) => {
+                            // Counted before it may be on the wire (see `answer_later`).
+                            file.lane_writes.fetch_add(1, Ordering::AcqRel);
+                            req.on_lane = true;
+                            match req.send_on(&remote, h).await {
+                                Ok(ack) => {
+                                    striped += n as u64;
+                                    unsettled.on_lanes = true;
+                                    Ok(ack)
+                                }
+                                Err(e) => {
+                                    req.on_lane = false;
+                                    file.lane_writes.fetch_sub(1, Ordering::AcqRel);
+                                    match e {
+                                        RemoteError::StaleHandle | RemoteError::Disconnected(_) => {
+                                            // Never sent: the lanes went with the connection.
+                                            // What they had on the wire may be lost, and
+                                            // its answers may not all be in yet: every one
+                                            // is awaited, and what was lost sent again,
+                                            // before this goes through the descriptor's own
+                                            // (reopened) handle. Then the lanes are closed,
+                                            // with nothing on them.
+                                            placement = None;
+                                            catch_up(&stream, &fs, &remote, n as u32, false).await;
+                                            unsettled = Unsettled::default();
+                                            drop_lanes(&remote, &file);
+                                            send_in_order(&stream, &fs, &remote, &mut seen, &req)
+                                                .await
+                                        }
+                                        e => Err(e),
+                                    }
+                                }
                             }
-                            Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
-                                // Never sent: the lanes went with the connection, and what
-                                // they had in flight is sent again (`catch_up`) before this.
-                                // The descriptor's own handle is reopened.
-                                placement = None;
-                                drop_lanes(&remote, &file);
-                                send_in_order(&stream, &fs, &remote, &mut seen, &req).await
-                            }
-                            Err(e) => Err(e),
-                        },
+                        }
                         None => send_in_order(&stream, &fs, &remote, &mut seen, &req).await,
                     };
                     match sent {

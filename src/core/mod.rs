@@ -186,8 +186,8 @@ pub struct Stats {
     pub ops: AtomicU64,
     pub bytes_read: AtomicU64,
     pub bytes_written: AtomicU64,
-    /// Of the bytes written, those sent through the extra lanes of striped sequential writes
-    /// (see `file.rs`).
+    /// Of the bytes written, those sent through the extra lanes of striped writes (long
+    /// sequential runs, or many scattered writes; see `file.rs`).
     pub bytes_striped: AtomicU64,
     /// Writes that went out as part of an earlier one's WRITE: queued behind it, continuing
     /// it (see `Merged` in `file.rs`).

@@ -2432,6 +2432,25 @@ fn scattered_page(i: usize, pages: usize) -> usize {
     (i * 1999) % pages
 }
 
+/// Write the first [`SPREAD_AFTER`](super::file::SPREAD_AFTER) pages of `scattered_page`
+/// (of 4 KiB, in a file of 4,096) through `fh`, each filled with `fill`, while the server's
+/// answers are held: all are in flight at once, as over a long link, and the descriptor's
+/// lanes open. Returns once they have.
+async fn spread_by_scattered_writes(h: &Harness, fh: u64, fill: u8) -> Vec<usize> {
+    h.plan.hold_replies(ROp::Write);
+    h.plan.hold(ROp::OpenAlongside);
+    let pages: Vec<usize> = (0..super::file::SPREAD_AFTER as usize)
+        .map(|i| scattered_page(i, 4096))
+        .collect();
+    for &p in &pages {
+        h.write(fh, (p * 4096) as u64, &[fill; 4096]).await;
+    }
+    h.plan.until_held(ROp::OpenAlongside, 1).await;
+    h.plan.release(ROp::OpenAlongside);
+    h.plan.release(ROp::Write);
+    pages
+}
+
 /// Pages written out of order, more than one channel keeps in flight, are spread over lanes;
 /// a write over a page still on its way through a lane lands after it, as through one handle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2441,16 +2460,19 @@ async fn spread_scattered_writes_go_over_lanes_and_keep_their_order() {
     const PAGES: usize = 4096;
     let h = Harness::new();
     let (_, fh) = h.create(ROOT, "db").await;
-    // What goes through a lane lands 100 ms late, what goes through the own handle at once.
+    let mut model = vec![0u8; PAGE * PAGES];
+    for p in spread_by_scattered_writes(&h, fh, 1).await {
+        model[p * PAGE..(p + 1) * PAGE].fill(1);
+    }
+    // What goes through a lane now lands 100 ms late, what goes through the own handle at
+    // once. Every page is written again, the later ones right after their first write.
     h.plan
         .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(100)));
     let writes = 2 * SPREAD_AFTER as usize;
-    let mut model = vec![0u8; PAGE * PAGES];
-    // Every page of the first round is written again in the second.
     for round in 0..2 {
         for i in 0..writes {
             let at = scattered_page(i, PAGES) * PAGE;
-            let page = vec![(round * 101 + i % 89 + 1) as u8; PAGE];
+            let page = vec![(round * 101 + i % 89 + 2) as u8; PAGE];
             h.write(fh, at as u64, &page).await;
             model[at..at + PAGE].copy_from_slice(&page);
         }
@@ -2475,18 +2497,149 @@ async fn spread_scattered_writes_go_over_lanes_and_keep_their_order() {
     assert_eq!(h.open_handles().await, 0, "lanes left open on the server");
 }
 
+/// Writes out of order that are each answered before the next is sent never needed more than
+/// one channel: however many, they open no lanes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_not_for_scattered_writes_answered_one_by_one() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "db").await;
+    for i in 0..2 * super::file::SPREAD_AFTER as usize {
+        let at = scattered_page(i, 4096) * 4096;
+        h.write(fh, at as u64, &[3u8; 4096]).await;
+        h.fs.flush(fh).await.unwrap();
+    }
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 0, "lanes opened");
+    h.fs.release(fh).await.unwrap();
+}
+
+/// A write a lane refuses at once (its channel is gone) goes through the descriptor's own
+/// handle only after what the lanes still have on the way: an earlier write over the same
+/// bytes, still on its way through the lane, would otherwise land after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_a_write_a_lane_refuses_goes_after_what_the_lanes_have_on_the_way() {
+    use super::file::STRIPE_UNIT;
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "db").await;
+    spread_by_scattered_writes(&h, fh, 1).await;
+    h.fs.flush(fh).await.unwrap();
+    // The start of the second unit: the first lane's.
+    let max_write = crate::remote::Remote::limits(h.fs.remote().as_ref()).max_write as usize;
+    let at = (STRIPE_UNIT.div_ceil(max_write) * max_write) as u64;
+    let lane_writes = h.plan.calls(ROp::LaneWrite);
+    h.plan
+        .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(200)));
+    h.write(fh, at, b"first").await;
+    eventually("the first write sent to the lane", || {
+        h.plan.calls(ROp::LaneWrite) == lane_writes + 1
+    })
+    .await;
+    h.plan.fail_next(
+        ROp::LaneWrite,
+        1,
+        RemoteError::Disconnected("injected: the lane's channel is gone".into()),
+    );
+    h.write(fh, at, b"later").await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(
+        h.plan.calls(ROp::LaneWrite),
+        lane_writes + 2,
+        "both were sent to the lane"
+    );
+    let on_disk = std::fs::read(h.disk("db")).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&on_disk[at as usize..at as usize + 5]),
+        "later",
+        "the earlier write, on its way through the lane, landed last"
+    );
+    h.plan.clear_all();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
+/// With lanes open, a read through the descriptor still goes out right behind its writes when
+/// all of them went through its own handle (a database reading back the page it just wrote:
+/// one round trip); when one is on its way through a lane, the read waits for its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_a_read_goes_behind_own_handle_writes_and_waits_for_lane_writes() {
+    use super::file::STRIPE_UNIT;
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "db").await;
+    spread_by_scattered_writes(&h, fh, 1).await;
+    h.fs.flush(fh).await.unwrap();
+
+    // Page 0 is the own handle's: the write performed, its answer held.
+    h.plan.hold_replies(ROp::Write);
+    h.write(fh, 0, b"own").await;
+    h.plan.until_held(ROp::Write, 1).await;
+    let read = tokio::time::timeout(Duration::from_secs(10), h.fs.read(fh, 0, 3)).await;
+    assert_eq!(
+        read.expect("the read waited for the write's answer")
+            .unwrap(),
+        b"own"
+    );
+    h.plan.release(ROp::Write);
+    h.fs.flush(fh).await.unwrap();
+
+    // The second unit is a lane's.
+    let max_write = crate::remote::Remote::limits(h.fs.remote().as_ref()).max_write as usize;
+    let at = (STRIPE_UNIT.div_ceil(max_write) * max_write) as u64;
+    h.plan.hold_replies(ROp::LaneWrite);
+    h.write(fh, at, b"lane").await;
+    h.plan.until_held(ROp::LaneWrite, 1).await;
+    let waiting = {
+        let fs = h.fs.clone();
+        tokio::spawn(async move { fs.read(fh, at, 4).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a read did not wait for a write on its way through a lane"
+    );
+    h.plan.release(ROp::LaneWrite);
+    assert_eq!(waiting.await.unwrap().unwrap(), b"lane");
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
+/// Lanes are opened by name: if another file was put under the name on the server's side
+/// since the descriptor was opened, they are not used, and every write goes to the file the
+/// descriptor has open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_not_over_another_file_put_under_the_name() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "db").await;
+    h.write(fh, 0, &[9u8; 4096]).await;
+    h.fs.flush(fh).await.unwrap();
+    // Behind the mount's back: the file keeps a second name, another takes its own.
+    std::fs::hard_link(h.disk("db"), h.disk("db.orig")).unwrap();
+    std::fs::write(h.disk("other"), b"another file").unwrap();
+    std::fs::rename(h.disk("other"), h.disk("db")).unwrap();
+    let pages = spread_by_scattered_writes(&h, fh, 1).await;
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 1);
+    assert_eq!(std::fs::read(h.disk("db")).unwrap(), b"another file");
+    let orig = std::fs::read(h.disk("db.orig")).unwrap();
+    for p in pages {
+        assert!(
+            orig[p * 4096..(p + 1) * 4096].iter().all(|&b| b == 1),
+            "page {p} did not reach the file the descriptor has open"
+        );
+    }
+    assert_eq!(striped(&h), 0);
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
 /// A time change behind the writes goes through the descriptor's own handle; a write on a
 /// lane after it waits for it. Otherwise the write could land first and the change would
 /// leave the mtime it set, where the write must move it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_a_write_on_a_lane_waits_for_a_time_change_before_it() {
-    use super::file::{SPREAD_AFTER, STRIPE_UNIT};
+    use super::file::STRIPE_UNIT;
     let h = Harness::new();
     let (ino, fh) = create_excl(&h, "f").await;
-    for i in 0..SPREAD_AFTER as usize + 8 {
-        let at = scattered_page(i, 4096) * 4096;
-        h.write(fh, at as u64, &[1u8; 4096]).await;
-    }
+    spread_by_scattered_writes(&h, fh, 1).await;
     h.fs.flush(fh).await.unwrap();
     assert_eq!(h.plan.calls(ROp::OpenAlongside), 1, "no lanes");
     // The own handle slow: its writes and attribute changes land 300 ms late.
