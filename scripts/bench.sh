@@ -17,7 +17,7 @@
 #      uses the full set, BENCH_REPS times, and 2,000 random reads; with latency the tree
 #      workloads are round-trip bound (time = round trips x RTT, little noise), so by default
 #      they use the small set, BENCH_LATENCY_REPS (1) times, and 200 random reads: that keeps
-#      the default run under 30 minutes on 2 cores;
+#      the default run under 30 minutes on 2 cores; random writes are 5,000 at every RTT;
 #   5. records wall time, the CPU time (utime+stime) and peak RSS (VmHWM) of the mount
 #      process (sshfs: sshfs plus its ssh child), and prints a table of medians with the
 #      ratio sshfs / awcp-mount; writes it with the machine and versions to
@@ -47,7 +47,7 @@ self="$repo/scripts/bench.sh"
 # ---------------------------------------------------------------------------------------
 # Workloads. `bench.sh __workload NAME MNT` runs one (the timed part only); it is started
 # under `timeout` as a child, with the BENCH_* paths below in the environment.
-WORKLOADS="seq_read seq_write untar stat_tree ls_lR grep git_status_cold git_status_warm rm_rf cp_out cp_in cp_big_in rand_read par_read"
+WORKLOADS="seq_read seq_write untar stat_tree ls_lR grep git_status_cold git_status_warm rm_rf cp_out cp_in cp_big_in rand_read rand_write par_read"
 
 run_workload() {
     local wl=$1 m=$2 i pids=() rc=0
@@ -79,6 +79,21 @@ for _ in range(int(sys.argv[2])):
     off = rng.randrange(0, size // 4096) * 4096
     if len(os.pread(fd, 4096, off)) != 4096:
         sys.exit("short read")
+os.close(fd)
+EOF
+        ;;
+    rand_write)
+        # A database's page writes: 4 KiB at random pages of a 64 MiB file, no two
+        # continuing each other (nothing merges), then close (which waits for them all).
+        /usr/bin/python3 - "$m/pages" "$BENCH_RAND_WRITES" <<'EOF'
+import os, random, sys
+fd = os.open(sys.argv[1], os.O_WRONLY)
+pages = os.fstat(fd).st_size // 4096
+rng = random.Random(4242)
+page = os.urandom(4096)
+for _ in range(int(sys.argv[2])):
+    if os.pwrite(fd, page, rng.randrange(0, pages) * 4096) != 4096:
+        sys.exit("short write")
 os.close(fd)
 EOF
         ;;
@@ -453,6 +468,7 @@ prepare() {
     cp_out) safe_rm "$tmp/cpout" ;;
     cp_in) safe_rm "$export_dir/cpin" ;;
     cp_big_in) rm -f -- "$export_dir/big.copy" ;;
+    rand_write) head -c $((64 * 1024 * 1024)) "$export_dir/big" >"$export_dir/pages" ;;
     esac
 }
 # Local inputs read into the page cache after the drop, so only the mount is cold.
@@ -469,11 +485,14 @@ workload_size() {
     case $1 in
     seq_read | seq_write | par_read | cp_big_in) echo "$((big_mib * 1024 * 1024)),,$big_mib MiB" ;;
     rand_read) echo ",$BENCH_RAND_READS,$BENCH_RAND_READS x 4 KiB" ;;
+    rand_write) echo ",$BENCH_RAND_WRITES,$BENCH_RAND_WRITES x 4 KiB" ;;
     *) echo ",,$files files" ;;
     esac
 }
 
 export BENCH_EXPORT=$export_dir BENCH_TMP=$tmp BENCH_BIG_MIB=$big_mib BENCH_MISSING_WORD=$missing_word
+# 5,000 at every RTT: with latency they are bound by the writes in flight, not one by one.
+export BENCH_RAND_WRITES=5000
 
 # One timed run; sets m_secs, m_status (ok, fail, timeout), m_cpu (s) and m_hwm (KiB).
 measure() {
