@@ -113,9 +113,11 @@ pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 pub const MAX_LANES: usize = 4;
 
 /// Writes through one descriptor that do not continue the one before it (a database's pages,
-/// say) after which its writes are spread over lanes, like a long run's: one channel's
-/// requests in flight (`MAX_REQUESTS_IN_FLIGHT` of the SFTP remote). Fewer can all be in
-/// flight on the descriptor's own channel at once anyway.
+/// say), sent while the file's earlier writes were never all answered, after which its writes
+/// are spread over lanes like a long run's: one channel's requests in flight
+/// (`MAX_REQUESTS_IN_FLIGHT` of the SFTP remote), the most that could be waiting on one
+/// channel. (A slow trickle that never lets every answer come in counts too: it costs the
+/// extra handles, not speed or order.)
 pub const SPREAD_AFTER: u32 = 256;
 
 /// Bytes of the file dealt to one handle before the next one's (rounded up to whole
@@ -247,7 +249,7 @@ impl<R: Remote> WriteStream<R> {
         let (stream, fs) = (self.clone(), fs.clone());
         tokio::spawn(async move {
             // Counted out only once a loss is in `lost` (sent again through the own handle,
-            // not a lane), so no moment shows neither.
+            // not a lane): one who looks at the count, then at `lost`, sees one of them.
             let lane_write = std::mem::take(&mut sent.on_lane).then(|| sent.file.clone());
             if let Err(e) = ack.await {
                 if sent.may_send_again(&e) {
@@ -750,9 +752,11 @@ impl<R: Remote> OpenFile<R> {
     /// read or fstat need not wait for their answers to see them. The caller makes sure no
     /// other descriptor of the file has writes on the way (it may be on another channel).
     pub fn writes_ahead_on_own_handle(&self) -> bool {
+        // In this order: the writer counts a lane write before the job leaves `queued`, and
+        // an answer puts a lost lane write in `lost` before counting it out.
         self.stream.queued.load(Ordering::Acquire) == 0
-            && !self.stream.has_lost_writes()
             && self.lane_writes.load(Ordering::Acquire) == 0
+            && !self.stream.has_lost_writes()
     }
 
     /// Queue a write through this descriptor. Returns `None` if the descriptor is being closed;
@@ -1208,9 +1212,11 @@ pub(crate) fn close_in_background<R: Remote>(remote: &Arc<R>, handles: Vec<R::Ha
 /// connection. They are dropped; a later run opens new ones.
 fn drop_lanes<R: Remote>(remote: &Arc<R>, file: &OpenFile<R>) {
     let mut slot = file.lanes.lock().unwrap();
-    if let Lanes::Open(v) = std::mem::replace(&mut *slot, Lanes::Untried) {
-        drop(slot);
-        close_in_background(remote, v);
+    if matches!(*slot, Lanes::Open(_)) {
+        if let Lanes::Open(v) = std::mem::replace(&mut *slot, Lanes::Untried) {
+            drop(slot);
+            close_in_background(remote, v);
+        }
     }
 }
 

@@ -3040,7 +3040,16 @@ impl<R: Remote> Fs<R> {
     /// file is reopened by its path (which waits for the reconnect) and the operation runs
     /// once more, so an application never sees the drop. Without `reconnect` the reopen
     /// fails and the error stands.
-    async fn with_handle<T, F, Fut>(&self, file: &Arc<OpenFile<R>>, op: F) -> Result<T, RemoteError>
+    ///
+    /// Writes of the file may have been on the lost connection: they are sent again
+    /// (`file::catch_up`), and the operation runs once they are answered. It may have been
+    /// sent right behind them on their handle without waiting (`Fs::ready_behind_writes`),
+    /// and on the new connection nothing orders it after them any more.
+    async fn with_handle<T, F, Fut>(
+        self: &Arc<Self>,
+        file: &Arc<OpenFile<R>>,
+        op: F,
+    ) -> Result<T, RemoteError>
     where
         F: Fn(R::Handle) -> Fut,
         Fut: std::future::Future<Output = Result<T, RemoteError>>,
@@ -3048,9 +3057,13 @@ impl<R: Remote> Fs<R> {
         let (handle, version) = file.versioned_handle().await;
         match op(handle).await {
             Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
-                let (handle, _) = self.reopen(file, version).await.map_err(|e| {
+                let (mut handle, _) = self.reopen(file, version).await.map_err(|e| {
                     RemoteError::Disconnected(format!("cannot reopen after reconnect: {e}"))
                 })?;
+                if file.writes_pending() {
+                    self.drain_inode(file.ino).await;
+                    handle = file.handle().await;
+                }
                 op(handle).await
             }
             r => r,

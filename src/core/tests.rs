@@ -2571,6 +2571,12 @@ async fn spread_a_read_goes_behind_own_handle_writes_and_waits_for_lane_writes()
     h.plan.hold_replies(ROp::Write);
     h.write(fh, 0, b"own").await;
     h.plan.until_held(ROp::Write, 1).await;
+    // (The writer counts the job out of its queue just after the WRITE went.)
+    let file = h.fs.file(fh).unwrap();
+    eventually("the write on its way through the own handle", || {
+        file.writes_ahead_on_own_handle()
+    })
+    .await;
     let read = tokio::time::timeout(Duration::from_secs(10), h.fs.read(fh, 0, 3)).await;
     assert_eq!(
         read.expect("the read waited for the write's answer")
@@ -2629,6 +2635,31 @@ async fn spread_not_over_another_file_put_under_the_name() {
     assert_eq!(striped(&h), 0);
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0);
+}
+
+/// A read sent right behind the descriptor's writes on their handle, without waiting for
+/// their answers, finds the connection gone: on the new one nothing orders it after them any
+/// more, so it waits until they were sent again and answered, and sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_a_read_behind_writes_lost_with_the_connection_sees_them() {
+    let h = Harness::new();
+    let (_, fh) = h.create_written(b"old data").await;
+    // The write goes, and reaches the file 300 ms later.
+    h.plan
+        .set_queue_delay(ROp::Write, Some(Duration::from_millis(300)));
+    h.write(fh, 0, b"new").await;
+    let file = h.fs.file(fh).unwrap();
+    eventually("the write on its way through the own handle", || {
+        file.writes_ahead_on_own_handle()
+    })
+    .await;
+    h.plan.disconnect();
+    h.plan.restore();
+    h.plan.set_queue_delay(ROp::Write, None);
+    assert_eq!(h.read(fh, 0, 100).await, b"new data");
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"new data");
+    h.fs.release(fh).await.unwrap();
 }
 
 /// A time change behind the writes goes through the descriptor's own handle; a write on a

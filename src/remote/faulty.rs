@@ -471,6 +471,12 @@ impl FaultPlan {
     }
 
     /// Decide the fate of a call of `op` (on a handle of generation `handle_generation`).
+    /// Whether a handle opened in connection `generation` can still be used.
+    fn is_live(&self, generation: u64) -> bool {
+        let s = self.lock();
+        !s.disconnected && s.generation == generation
+    }
+
     fn decide(&self, op: Op, handle_generation: Option<u64>) -> RemoteResult<Ticket> {
         let mut s = self.lock();
         if s.disconnected {
@@ -743,6 +749,15 @@ impl<R: Remote> FaultyRemote<R> {
         }))
     }
 
+    /// Wait, as a server does, until the writes queued with a delay on `handle` before this
+    /// request are performed; unless its connection is gone, where nothing is served and the
+    /// request fails at once (a client finds the handle stale without asking).
+    async fn after_writes_on(&self, handle: &FaultyHandle<R::Handle>) {
+        if self.plan.is_live(handle.generation) {
+            self.unperformed.none_before(handle.id).await;
+        }
+    }
+
     /// A queued call with a queue delay ([`FaultPlan::set_queue_delay`]): answered at once,
     /// performed by `perform` on the wrapped remote `delay` later, after every call delayed
     /// before it.
@@ -854,7 +869,7 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     }
 
     async fn fstat(&self, handle: &Self::Handle) -> RemoteResult<Attrs> {
-        self.unperformed.none_before(handle.id).await;
+        self.after_writes_on(handle).await;
         self.forward_handle(Op::Fstat, handle, || self.inner.fstat(&handle.inner))
             .await
     }
@@ -969,7 +984,7 @@ impl<R: Remote> Remote for FaultyRemote<R> {
             Some(max) => len.min(max),
             None => len,
         };
-        self.unperformed.none_before(handle.id).await;
+        self.after_writes_on(handle).await;
         self.forward_handle(Op::Read, handle, || {
             self.inner.read(&handle.inner, offset, len)
         })
@@ -1025,7 +1040,7 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     }
 
     async fn fsync(&self, handle: &Self::Handle) -> RemoteResult<()> {
-        self.unperformed.none_before(handle.id).await;
+        self.after_writes_on(handle).await;
         self.forward_handle(Op::Fsync, handle, || self.inner.fsync(&handle.inner))
             .await
     }
