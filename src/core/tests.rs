@@ -2451,6 +2451,22 @@ async fn spread_by_scattered_writes(h: &Harness, fh: u64, fill: u8) -> Vec<usize
     pages
 }
 
+/// `db` in the root, created, with its lanes open (`spread_by_scattered_writes`, flushed);
+/// the descriptor, and where the first lane's bytes start (the second unit of placement).
+async fn db_with_lanes(h: &Harness) -> (u64, u64) {
+    let (_, fh) = h.create(ROOT, "db").await;
+    spread_by_scattered_writes(h, fh, 1).await;
+    h.fs.flush(fh).await.unwrap();
+    (fh, first_lane_offset(h))
+}
+
+/// The first byte placement gives the first lane: the start of its second unit.
+fn first_lane_offset(h: &Harness) -> u64 {
+    use super::file::STRIPE_UNIT;
+    let max_write = crate::remote::Remote::limits(h.fs.remote().as_ref()).max_write as usize;
+    (STRIPE_UNIT.div_ceil(max_write) * max_write) as u64
+}
+
 /// Pages written out of order, more than one channel keeps in flight, are spread over lanes;
 /// a write over a page still on its way through a lane lands after it, as through one handle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2517,14 +2533,8 @@ async fn spread_not_for_scattered_writes_answered_one_by_one() {
 /// bytes, still on its way through the lane, would otherwise land after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_a_write_a_lane_refuses_goes_after_what_the_lanes_have_on_the_way() {
-    use super::file::STRIPE_UNIT;
     let h = Harness::new();
-    let (_, fh) = h.create(ROOT, "db").await;
-    spread_by_scattered_writes(&h, fh, 1).await;
-    h.fs.flush(fh).await.unwrap();
-    // The start of the second unit: the first lane's.
-    let max_write = crate::remote::Remote::limits(h.fs.remote().as_ref()).max_write as usize;
-    let at = (STRIPE_UNIT.div_ceil(max_write) * max_write) as u64;
+    let (fh, at) = db_with_lanes(&h).await;
     let lane_writes = h.plan.calls(ROp::LaneWrite);
     h.plan
         .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(200)));
@@ -2561,11 +2571,8 @@ async fn spread_a_write_a_lane_refuses_goes_after_what_the_lanes_have_on_the_way
 /// one round trip); when one is on its way through a lane, the read waits for its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_a_read_goes_behind_own_handle_writes_and_waits_for_lane_writes() {
-    use super::file::STRIPE_UNIT;
     let h = Harness::new();
-    let (_, fh) = h.create(ROOT, "db").await;
-    spread_by_scattered_writes(&h, fh, 1).await;
-    h.fs.flush(fh).await.unwrap();
+    let (fh, at) = db_with_lanes(&h).await;
 
     // Page 0 is the own handle's: the write performed, its answer held.
     h.plan.hold_replies(ROp::Write);
@@ -2586,9 +2593,7 @@ async fn spread_a_read_goes_behind_own_handle_writes_and_waits_for_lane_writes()
     h.plan.release(ROp::Write);
     h.fs.flush(fh).await.unwrap();
 
-    // The second unit is a lane's.
-    let max_write = crate::remote::Remote::limits(h.fs.remote().as_ref()).max_write as usize;
-    let at = (STRIPE_UNIT.div_ceil(max_write) * max_write) as u64;
+    // The first lane's bytes.
     h.plan.hold_replies(ROp::LaneWrite);
     h.write(fh, at, b"lane").await;
     h.plan.until_held(ROp::LaneWrite, 1).await;
@@ -2667,7 +2672,6 @@ async fn reconnect_a_read_behind_writes_lost_with_the_connection_sees_them() {
 /// leave the mtime it set, where the write must move it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_a_write_on_a_lane_waits_for_a_time_change_before_it() {
-    use super::file::STRIPE_UNIT;
     let h = Harness::new();
     let (ino, fh) = create_excl(&h, "f").await;
     spread_by_scattered_writes(&h, fh, 1).await;
@@ -2680,11 +2684,8 @@ async fn spread_a_write_on_a_lane_waits_for_a_time_change_before_it() {
     h.fs.setattr(ino, Some(fh), times(None, at(1_000_000)))
         .await
         .unwrap();
-    // The start of the second unit: the first lane's.
-    let max_write = crate::remote::Remote::limits(h.fs.remote().as_ref()).max_write as usize;
-    let unit = STRIPE_UNIT.div_ceil(max_write) * max_write;
     let lane_writes = h.plan.calls(ROp::LaneWrite);
-    h.write(fh, unit as u64, b"later").await;
+    h.write(fh, first_lane_offset(&h), b"later").await;
     h.fs.flush(fh).await.unwrap();
     assert_eq!(h.plan.calls(ROp::LaneWrite), lane_writes + 1);
     assert_eq!(
