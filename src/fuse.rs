@@ -350,7 +350,7 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     fn read(
         &self,
         req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -360,8 +360,12 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     ) {
         let fs = self.fs.clone();
         self.spawn("read", req, async move {
+            let since = fs.shared_changes();
             match fs.read(fh.0, offset, size).await {
-                Ok(data) => reply.data(&data),
+                Ok(data) => {
+                    reply.data(&data);
+                    fs.read_answered(ino.0, since);
+                }
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -300,6 +300,9 @@ pub struct Fs<R: Remote> {
     /// What the kernel caches of inodes, dropped when the mount says so (see
     /// [`Fs::shared_data_changed`]).
     kernel_caches: kernel_caches::KernelCaches,
+    /// Changes through the mount to files that may share their data with other inodes (see
+    /// [`Fs::shared_data_changed`]), counted for [`Fs::read_answered`].
+    shared_changes: AtomicU64,
     pub stats: Stats,
 }
 
@@ -454,6 +457,7 @@ impl<R: Remote> Fs<R> {
             removes_behind: RemovesBehind::default(),
             names: names::NameChanges::default(),
             kernel_caches: kernel_caches::KernelCaches::default(),
+            shared_changes: AtomicU64::new(0),
             stats: Stats::default(),
         }
     }
@@ -693,6 +697,7 @@ impl<R: Remote> Fs<R> {
             if !inodes.may_share_data(ino) {
                 return;
             }
+            self.shared_changes.fetch_add(1, Ordering::AcqRel);
             inodes
                 .take_shared_cached(ino)
                 .into_iter()
@@ -717,6 +722,22 @@ impl<R: Remote> Fs<R> {
         }
         self.kernel_caches
             .invalidate(others.into_iter().map(|(o, _)| o).collect());
+    }
+
+    /// What [`Fs::read_answered`] compares with, taken before a read.
+    pub fn shared_changes(&self) -> u64 {
+        self.shared_changes.load(Ordering::Acquire)
+    }
+
+    /// A read of `ino` has been answered to the kernel, which may keep the pages. If a file
+    /// that may share its data with it (links made on the server) changed through the mount
+    /// while the read was on its way (`since`: [`Fs::shared_changes`] before it), the read
+    /// may have fetched the old data before the change landed, and the kernel cached it
+    /// after it was told to drop its pages: it is told again, now that they are in.
+    pub fn read_answered(&self, ino: Ino, since: u64) {
+        if self.shared_changes() != since && self.inodes.lock().unwrap().may_share_data(ino) {
+            self.kernel_caches.invalidate(vec![ino]);
+        }
     }
 
     /// The writes of `file` are all answered (a close or fsync waited for them): drop the
