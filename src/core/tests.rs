@@ -4019,6 +4019,52 @@ async fn rename_onto_another_link_of_the_same_file_is_a_no_op() {
     assert_eq!(std::fs::read(h.disk("c")).unwrap(), b"a");
 }
 
+/// A read of a name of a file linked on the server, answered while the file changed through
+/// another name, may hold the old data, cached by the kernel after it dropped its pages:
+/// they are dropped once more after the answer. A read with no such change in between, or
+/// of a file without other links, is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answered_across_a_change_through_another_name_is_dropped_again() {
+    let h = Harness::new();
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t = told.clone();
+    h.fs.kernel_caches()
+        .connect(Box::new(move |ino| t.lock().unwrap().push(ino)));
+    std::fs::write(h.disk("x"), b"data").unwrap();
+    std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
+    std::fs::write(h.disk("z"), b"z").unwrap();
+    list_plus(&h, ROOT).await;
+    let (x, y, z) = (
+        h.lookup(ROOT, "x").await,
+        h.lookup(ROOT, "y").await,
+        h.lookup(ROOT, "z").await,
+    );
+    let since = h.fs.shared_changes();
+    h.fs.read_answered(y, since);
+    h.fs.kernel_caches().settled().await;
+    assert!(
+        told.lock().unwrap().is_empty(),
+        "no change, yet y was dropped"
+    );
+
+    // Taken before the read; the change through x comes while it is on its way.
+    let since = h.fs.shared_changes();
+    let fh = h.open(x, libc::O_WRONLY).await;
+    h.write(fh, 0, b"DATA").await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.kernel_caches().settled().await;
+    told.lock().unwrap().clear();
+    h.fs.read_answered(y, since);
+    h.fs.read_answered(z, since);
+    h.fs.kernel_caches().settled().await;
+    assert_eq!(
+        *told.lock().unwrap(),
+        vec![y],
+        "y not dropped again (or z was)"
+    );
+    h.fs.release(fh).await.unwrap();
+}
+
 /// Links made on the server: each name is an inode of its own here (SFTP v3 cannot tell
 /// them apart), cached as usual; a change through one name drops what the mount and the
 /// kernel cache of the others, before the change is reported done.
