@@ -470,13 +470,13 @@ impl FaultPlan {
         self.lock().short_reads
     }
 
-    /// Decide the fate of a call of `op` (on a handle of generation `handle_generation`).
     /// Whether a handle opened in connection `generation` can still be used.
     fn is_live(&self, generation: u64) -> bool {
         let s = self.lock();
         !s.disconnected && s.generation == generation
     }
 
+    /// Decide the fate of a call of `op` (on a handle of generation `handle_generation`).
     fn decide(&self, op: Op, handle_generation: Option<u64>) -> RemoteResult<Ticket> {
         let mut s = self.lock();
         if s.disconnected {
