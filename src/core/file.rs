@@ -1179,16 +1179,12 @@ async fn same_file_or_refused<R: Remote>(
         for_good,
         "extra lanes not known to be the same file"
     );
-    let mut slot = file.lanes.lock().unwrap();
-    if matches!(*slot, Lanes::Open(_)) {
-        *slot = if for_good {
-            Lanes::Refused
-        } else {
-            Lanes::Untried
-        };
-        drop(slot);
-        close_in_background(remote, lanes);
-    }
+    // (`lanes` are the slot's own, cloned.)
+    let then = match for_good {
+        true => Lanes::Refused,
+        false => Lanes::Untried,
+    };
+    give_up_lanes(remote, file, then);
     Vec::new()
 }
 
@@ -1208,16 +1204,22 @@ pub(crate) fn close_in_background<R: Remote>(remote: &Arc<R>, handles: Vec<R::Ha
     });
 }
 
+/// If `file`'s lanes are open, close them (in the background) and leave `then` in their
+/// place; in any other state (closed with the descriptor, say) nothing changes.
+fn give_up_lanes<R: Remote>(remote: &Arc<R>, file: &OpenFile<R>, then: Lanes<R::Handle>) {
+    let mut slot = file.lanes.lock().unwrap();
+    if let Lanes::Open(v) = &mut *slot {
+        let v = std::mem::take(v);
+        *slot = then;
+        drop(slot);
+        close_in_background(remote, v);
+    }
+}
+
 /// A lane of `file` could not send for a connection error: all of them belong to the lost
 /// connection. They are dropped; a later run opens new ones.
 fn drop_lanes<R: Remote>(remote: &Arc<R>, file: &OpenFile<R>) {
-    let mut slot = file.lanes.lock().unwrap();
-    if matches!(*slot, Lanes::Open(_)) {
-        if let Lanes::Open(v) = std::mem::replace(&mut *slot, Lanes::Untried) {
-            drop(slot);
-            close_in_background(remote, v);
-        }
-    }
+    give_up_lanes(remote, file, Lanes::Untried);
 }
 
 /// An attribute change behind the writes failed: the attributes it was answered with (cached,
