@@ -1618,6 +1618,15 @@ fn scattered_writes_spread_over_lanes_and_keep_order() {
         f.write_all_at(&data, (p * PAGE) as u64).unwrap();
         want[p * PAGE..(p + 1) * PAGE].copy_from_slice(&data);
     };
+    // The server paused while the first 600 are written (each is answered as it is queued):
+    // they wait behind one another, more than one channel keeps in flight, as over a long
+    // link, whatever this machine's speed.
+    {
+        let _paused = m.sshd().pause_sftp_servers();
+        for i in 0..600 {
+            put(&f, &mut want, page(i + 3_000), 500 + i as u64);
+        }
+    }
     for i in 0..3_000 {
         put(&f, &mut want, page(i), 1_000 + i as u64);
         if i >= 600 && i % 3 == 0 {

@@ -239,6 +239,18 @@ impl TestSshd {
     /// check that the client does not leak server handles. Each process also has a few fds of
     /// its own, so compare against a baseline.
     pub fn sftp_server_fds(&self) -> usize {
+        self.sftp_server_pids()
+            .into_iter()
+            .map(|pid| {
+                fs::read_dir(format!("/proc/{pid}/fd"))
+                    .map(|d| d.count())
+                    .unwrap_or(0)
+            })
+            .sum()
+    }
+
+    /// The SFTP server processes of this sshd (`internal-sftp`, one per SFTP channel).
+    fn sftp_server_pids(&self) -> Vec<i32> {
         descendants(self.pid() as i32)
             .into_iter()
             .filter(|pid| {
@@ -246,12 +258,19 @@ impl TestSshd {
                     .map(|c| String::from_utf8_lossy(&c).contains("internal-sftp"))
                     .unwrap_or(false)
             })
-            .map(|pid| {
-                fs::read_dir(format!("/proc/{pid}/fd"))
-                    .map(|d| d.count())
-                    .unwrap_or(0)
-            })
-            .sum()
+            .collect()
+    }
+
+    /// Stop every SFTP server process of this sshd (SIGSTOP) until the guard is dropped
+    /// (SIGCONT, also when the test panics): requests pile up unanswered, as over a slow
+    /// link, whatever this machine's speed. The connection itself stays up.
+    pub fn pause_sftp_servers(&self) -> PausedSftp {
+        let pids = self.sftp_server_pids();
+        assert!(!pids.is_empty(), "no SFTP server process to pause");
+        for &pid in &pids {
+            signal(pid, nix::sys::signal::Signal::SIGSTOP);
+        }
+        PausedSftp(pids)
     }
 
     /// Stop sshd (and its connections). [`TestSshd::restart`] starts it again.
@@ -376,4 +395,19 @@ fn child_pids(parent: i32) -> Vec<i32> {
         }
     }
     out
+}
+
+fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+}
+
+/// SFTP server processes stopped by [`TestSshd::pause_sftp_servers`]; continued on drop.
+pub struct PausedSftp(Vec<i32>);
+
+impl Drop for PausedSftp {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            signal(pid, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
 }

@@ -36,10 +36,11 @@
 //! keeps at most `MAX_REQUESTS_IN_FLIGHT` requests outstanding, so small writes at random
 //! places (a database's pages, which nothing merges) go at most that many per round trip.
 //! Once a descriptor's writes have been one contiguous run (each starting where the previous
-//! one ended) for [`STRIPE_AFTER`] bytes, or [`SPREAD_AFTER`] of them did not continue the one
-//! before, the writer opens the file again on up to [`MAX_LANES`]` - 1` other channels
-//! ("lanes", `Remote::open_alongside`, write only, never for `O_APPEND`) and from then on
-//! sends the descriptor's writes over all of them: the file is dealt out in units of
+//! one ended) for [`STRIPE_AFTER`] bytes, or a write that does not continue the one before
+//! has [`SPREAD_AFTER`] more writes of the file waiting behind it, or [`SPREAD_AFTER_BYTES`],
+//! the writer opens the file again on up to [`MAX_LANES`]` - 1` other channels ("lanes",
+//! `Remote::open_alongside`, write only, never for `O_APPEND`) and from then on sends the
+//! descriptor's writes over all of them: the file is dealt out in units of
 //! [`STRIPE_UNIT`], in turn to the descriptor's own handle and to each lane (`Placement`).
 //! The guarantees above still hold:
 //! * ordering: before the first write goes on a lane, every earlier write is answered; from
@@ -112,13 +113,17 @@ pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 /// Most handles (the descriptor's own included) one descriptor's writes are spread over.
 pub const MAX_LANES: usize = 4;
 
-/// Writes through one descriptor that do not continue the one before it (a database's pages,
-/// say), sent while the file's earlier writes were never all answered, after which its writes
-/// are spread over lanes like a long run's: one channel's requests in flight
-/// (`MAX_REQUESTS_IN_FLIGHT` of the SFTP remote), the most that could be waiting on one
-/// channel. (A slow trickle that never lets every answer come in counts too: it costs the
-/// extra handles, not speed or order.)
-pub const SPREAD_AFTER: u32 = 256;
+/// Writes of a file waiting in its queue behind one that does not continue the one before it
+/// (a database's pages, say) from which the descriptor's writes are spread over lanes, like a
+/// long run's: one channel's requests in flight (`MAX_REQUESTS_IN_FLIGHT` of the SFTP
+/// remote). With fewer waiting, one channel can have them all on the wire at once; a slow
+/// trickle of writes never queues up, and never opens lanes.
+pub const SPREAD_AFTER: usize = 256;
+
+/// The same in bytes waiting (answered early, see [`EARLY_ANSWER_BYTES`]): what one channel
+/// moves per round trip, OpenSSH's 2 MiB window. Bigger scattered writes fill the queue's
+/// bytes long before its count reaches [`SPREAD_AFTER`].
+pub const SPREAD_AFTER_BYTES: usize = 2 * 1024 * 1024;
 
 /// Bytes of the file dealt to one handle before the next one's (rounded up to whole
 /// `max_write` chunks). Turns of one chunk measured the same within noise (256 MiB `dd` at
@@ -1248,9 +1253,6 @@ async fn writer_loop<R: Remote>(
     // The current run of `last`: where it continues and how many bytes it has so far.
     let mut run_end = 0u64;
     let mut run_len = 0u64;
-    // Writes through `last` that did not continue the one before it, since it became `last`
-    // (or since its lanes could not be opened).
-    let mut scattered = 0u32;
     // While `last`'s lanes are in use: where each byte goes.
     let mut placement: Option<Placement<R::Handle>> = None;
     let mut unsettled = Unsettled::default();
@@ -1302,21 +1304,22 @@ async fn writer_loop<R: Remote>(
                     // they take over where they left off.
                     placement = file.open_lanes().map(|lanes| Placement { lanes, unit });
                     run_len = 0;
-                    scattered = 0;
                 }
                 let len = data.len() as u64;
-                if run_len == 0 || offset != run_end {
-                    // Not the continuation of the run: a new run starts here.
+                let new_run = run_len == 0 || offset != run_end;
+                if new_run {
                     run_len = 0;
-                    if stream.window.available_permits() == WRITE_WINDOW as usize {
-                        // Nothing in flight: the writes so far did not need more than one
-                        // channel's requests at once.
-                        scattered = 0;
-                    }
-                    scattered = scattered.saturating_add(1);
                 }
+                // Out of order, with more waiting behind it than one channel carries per round
+                // trip (this job and those merged into it still count in `queued`, and
+                // `earlies` holds their bytes).
+                let waiting = stream.queued.load(Ordering::Acquire);
+                let waiting_bytes = EARLY_ANSWER_BYTES as usize - stream.early.available_permits();
+                let scattered = new_run
+                    && (waiting.saturating_sub(jobs as usize) >= SPREAD_AFTER
+                        || waiting_bytes.saturating_sub(data.len()) >= SPREAD_AFTER_BYTES);
                 if placement.is_none()
-                    && (run_len >= STRIPE_AFTER || scattered >= SPREAD_AFTER)
+                    && (run_len >= STRIPE_AFTER || scattered)
                     && file.may_stripe()
                 {
                     // Before a chunk goes on a lane, everything earlier must have landed: it
@@ -1330,7 +1333,6 @@ async fn writer_loop<R: Remote>(
                     if lanes.is_empty() {
                         // Count again (a later run may find lanes: after a reconnect).
                         run_len = 0;
-                        scattered = 0;
                     } else {
                         placement = Some(Placement { lanes, unit });
                     }
@@ -1454,7 +1456,6 @@ async fn writer_loop<R: Remote>(
                     seen = file.versioned_handle().await.1;
                     placement = file.open_lanes().map(|lanes| Placement { lanes, unit });
                     run_len = 0;
-                    scattered = 0;
                 }
                 // One unit of the window: "all answered" waits for this one too.
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {

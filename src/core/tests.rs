@@ -2432,22 +2432,23 @@ fn scattered_page(i: usize, pages: usize) -> usize {
     (i * 1999) % pages
 }
 
-/// Write the first [`SPREAD_AFTER`](super::file::SPREAD_AFTER) pages of `scattered_page`
-/// (of 4 KiB, in a file of 4,096) through `fh`, each filled with `fill`, while the server's
-/// answers are held: all are in flight at once, as over a long link, and the descriptor's
-/// lanes open. Returns once they have.
+/// Write the first [`SPREAD_AFTER`](super::file::SPREAD_AFTER)` + 2` pages of
+/// `scattered_page` (of 4 KiB, in a file of 4,096) through `fh`, each filled with `fill`,
+/// while the first is held at the server's door: the rest wait behind it, more than one
+/// channel keeps in flight, as over a long link, and the descriptor's lanes open. Returns
+/// once they have.
 async fn spread_by_scattered_writes(h: &Harness, fh: u64, fill: u8) -> Vec<usize> {
-    h.plan.hold_replies(ROp::Write);
+    h.plan.hold(ROp::Write);
     h.plan.hold(ROp::OpenAlongside);
-    let pages: Vec<usize> = (0..super::file::SPREAD_AFTER as usize)
+    let pages: Vec<usize> = (0..super::file::SPREAD_AFTER + 2)
         .map(|i| scattered_page(i, 4096))
         .collect();
     for &p in &pages {
         h.write(fh, (p * 4096) as u64, &[fill; 4096]).await;
     }
+    h.plan.release(ROp::Write);
     h.plan.until_held(ROp::OpenAlongside, 1).await;
     h.plan.release(ROp::OpenAlongside);
-    h.plan.release(ROp::Write);
     pages
 }
 
@@ -2484,7 +2485,7 @@ async fn spread_scattered_writes_go_over_lanes_and_keep_their_order() {
     // once. Every page is written again, the later ones right after their first write.
     h.plan
         .set_queue_delay(ROp::LaneWrite, Some(Duration::from_millis(100)));
-    let writes = 2 * SPREAD_AFTER as usize;
+    let writes = 2 * SPREAD_AFTER;
     for round in 0..2 {
         for i in 0..writes {
             let at = scattered_page(i, PAGES) * PAGE;
@@ -2513,13 +2514,34 @@ async fn spread_scattered_writes_go_over_lanes_and_keep_their_order() {
     assert_eq!(h.open_handles().await, 0, "lanes left open on the server");
 }
 
-/// Writes out of order that are each answered before the next is sent never needed more than
-/// one channel: however many, they open no lanes.
+/// Bigger writes out of order fill the queue's bytes before its count: 40 of 64 KiB waiting
+/// (2.5 MiB, more than one channel's window) open the lanes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_big_scattered_writes_by_the_bytes_waiting() {
+    let h = Harness::new();
+    let (_, fh) = h.create(ROOT, "db").await;
+    h.plan.hold(ROp::Write);
+    h.plan.hold(ROp::OpenAlongside);
+    for i in 0..41 {
+        // Every other 64 KiB block: none continues the one before.
+        h.write(fh, (i * 2 * 65_536) as u64, &[7u8; 65_536]).await;
+    }
+    h.plan.release(ROp::Write);
+    h.plan.until_held(ROp::OpenAlongside, 1).await;
+    h.plan.release(ROp::OpenAlongside);
+    h.fs.flush(fh).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 1);
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0);
+}
+
+/// Writes out of order that never queue up behind one another (each is flushed before the
+/// next) never need more than one channel: however many, they open no lanes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spread_not_for_scattered_writes_answered_one_by_one() {
     let h = Harness::new();
     let (_, fh) = h.create(ROOT, "db").await;
-    for i in 0..2 * super::file::SPREAD_AFTER as usize {
+    for i in 0..2 * super::file::SPREAD_AFTER {
         let at = scattered_page(i, 4096) * 4096;
         h.write(fh, at as u64, &[3u8; 4096]).await;
         h.fs.flush(fh).await.unwrap();
