@@ -263,7 +263,9 @@ impl TestSshd {
 
     /// Stop every SFTP server process of this sshd (SIGSTOP) until the guard is dropped
     /// (SIGCONT, also when the test panics): requests pile up unanswered, as over a slow
-    /// link, whatever this machine's speed. The connection itself stays up.
+    /// link, whatever this machine's speed. The connection itself stays up. Only processes
+    /// running now are stopped: a channel opened later (lanes, a reconnect) gets a running
+    /// one. Keep the paused stretch short and free of anything that waits for an answer.
     pub fn pause_sftp_servers(&self) -> PausedSftp {
         let pids = self.sftp_server_pids();
         assert!(!pids.is_empty(), "no SFTP server process to pause");
@@ -401,7 +403,9 @@ fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
 }
 
-/// SFTP server processes stopped by [`TestSshd::pause_sftp_servers`]; continued on drop.
+/// SFTP server processes stopped by [`TestSshd::pause_sftp_servers`]; continued on drop
+/// (so it must be bound to a name: `let _ = ...` would continue them at once).
+#[must_use = "the SFTP servers are continued as soon as the guard is dropped"]
 pub struct PausedSftp(Vec<i32>);
 
 impl Drop for PausedSftp {

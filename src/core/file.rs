@@ -113,16 +113,19 @@ pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 /// Most handles (the descriptor's own included) one descriptor's writes are spread over.
 pub const MAX_LANES: usize = 4;
 
-/// Writes of a file waiting in its queue behind one that does not continue the one before it
-/// (a database's pages, say) from which the descriptor's writes are spread over lanes, like a
-/// long run's: one channel's requests in flight (`MAX_REQUESTS_IN_FLIGHT` of the SFTP
-/// remote). With fewer waiting, one channel can have them all on the wire at once; a slow
-/// trickle of writes never queues up, and never opens lanes.
+/// Jobs waiting in a file's write queue (writes of any descriptor, and attribute changes queued
+/// behind them) behind a write that does not continue the same descriptor's write before it
+/// (a database's pages, say), from which the descriptor's writes are spread over lanes, like a
+/// long run's: as many requests as one channel keeps in flight at most
+/// (`MAX_REQUESTS_IN_FLIGHT` of the SFTP remote; fewer on loopback, where the write budget
+/// holds small writes to fewer). A queue that long means one channel is not keeping up; a
+/// slow trickle of writes never queues up, and never opens lanes.
 pub const SPREAD_AFTER: usize = 256;
 
-/// The same in bytes waiting (answered early, see [`EARLY_ANSWER_BYTES`]): what one channel
-/// moves per round trip, OpenSSH's 2 MiB window. Bigger scattered writes fill the queue's
-/// bytes long before its count reaches [`SPREAD_AFTER`].
+/// The same in bytes waiting (of writes answered early, see [`EARLY_ANSWER_BYTES`]; the
+/// deciding write's own not counted): what one channel moves per round trip, OpenSSH's 2 MiB
+/// window. Bigger scattered writes fill the queue's bytes long before its count reaches
+/// [`SPREAD_AFTER`].
 pub const SPREAD_AFTER_BYTES: usize = 2 * 1024 * 1024;
 
 /// Bytes of the file dealt to one handle before the next one's (rounded up to whole
@@ -1312,12 +1315,18 @@ async fn writer_loop<R: Remote>(
                 }
                 // Out of order, with more waiting behind it than one channel carries per round
                 // trip (this job and those merged into it still count in `queued`, and
-                // `earlies` holds their bytes).
-                let waiting = stream.queued.load(Ordering::Acquire);
-                let waiting_bytes = EARLY_ANSWER_BYTES as usize - stream.early.available_permits();
-                let scattered = new_run
-                    && (waiting.saturating_sub(jobs as usize) >= SPREAD_AFTER
-                        || waiting_bytes.saturating_sub(data.len()) >= SPREAD_AFTER_BYTES);
+                // `earlies` holds the permits of their bytes answered early). Only a write
+                // that does not continue the descriptor's own write before it: the first after
+                // a switch of descriptors waited for every answer (above), and what queued
+                // meanwhile says nothing of how this descriptor writes.
+                let scattered = same && new_run && {
+                    let waiting = stream.queued.load(Ordering::Acquire);
+                    let waiting_bytes =
+                        EARLY_ANSWER_BYTES as usize - stream.early.available_permits();
+                    let own_bytes: usize = earlies.iter().map(|p| p.num_permits()).sum();
+                    waiting.saturating_sub(jobs as usize) >= SPREAD_AFTER
+                        || waiting_bytes.saturating_sub(own_bytes) >= SPREAD_AFTER_BYTES
+                };
                 if placement.is_none()
                     && (run_len >= STRIPE_AFTER || scattered)
                     && file.may_stripe()
@@ -1331,7 +1340,8 @@ async fn writer_loop<R: Remote>(
                     unsettled = Unsettled::default();
                     let lanes = same_file_or_refused(&remote, &file, lanes).await;
                     if lanes.is_empty() {
-                        // Count again (a later run may find lanes: after a reconnect).
+                        // None now (refused for good, or the connection failed: a later
+                        // write may try again): start the run's count again.
                         run_len = 0;
                     } else {
                         placement = Some(Placement { lanes, unit });

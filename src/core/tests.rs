@@ -2432,15 +2432,16 @@ fn scattered_page(i: usize, pages: usize) -> usize {
     (i * 1999) % pages
 }
 
-/// Write the first [`SPREAD_AFTER`](super::file::SPREAD_AFTER)` + 2` pages of
+/// Write the first [`SPREAD_AFTER`](super::file::SPREAD_AFTER)` + 8` pages of
 /// `scattered_page` (of 4 KiB, in a file of 4,096) through `fh`, each filled with `fill`,
 /// while the first is held at the server's door: the rest wait behind it, more than one
-/// channel keeps in flight, as over a long link, and the descriptor's lanes open. Returns
-/// once they have.
+/// channel keeps in flight, as over a long link, and the descriptor's lanes open (at the
+/// second write, the first of the descriptor's that follows one of its own, with a margin
+/// over the threshold). Returns once they have.
 async fn spread_by_scattered_writes(h: &Harness, fh: u64, fill: u8) -> Vec<usize> {
     h.plan.hold(ROp::Write);
     h.plan.hold(ROp::OpenAlongside);
-    let pages: Vec<usize> = (0..super::file::SPREAD_AFTER + 2)
+    let pages: Vec<usize> = (0..super::file::SPREAD_AFTER + 8)
         .map(|i| scattered_page(i, 4096))
         .collect();
     for &p in &pages {
@@ -2531,8 +2532,48 @@ async fn spread_big_scattered_writes_by_the_bytes_waiting() {
     h.plan.release(ROp::OpenAlongside);
     h.fs.flush(fh).await.unwrap();
     assert_eq!(h.plan.calls(ROp::OpenAlongside), 1);
+    assert!(striped(&h) > 0, "nothing went through a lane");
+    let on_disk = std::fs::read(h.disk("db")).unwrap();
+    assert_eq!(on_disk.len(), 81 * 65_536);
+    for (block, bytes) in on_disk.chunks(65_536).enumerate() {
+        let fill = if block % 2 == 0 { 7 } else { 0 };
+        assert!(bytes.iter().all(|&b| b == fill), "block {block} is wrong");
+    }
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0);
+}
+
+/// Two descriptors of one file writing in turn wait for each other's answers at every turn
+/// (each may have its own lanes): however much queues behind a turn meanwhile, that says
+/// nothing of how one descriptor writes, and opens no lanes. Every write here is the first
+/// after a switch, held behind the first write as in `spread_by_scattered_writes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spread_not_for_two_descriptors_writing_in_turn() {
+    use super::file::SPREAD_AFTER;
+    let h = Harness::new();
+    let (ino, a) = h.create(ROOT, "db").await;
+    let b = h.open(ino, libc::O_RDWR).await;
+    let mut model = vec![0u8; 4096 * 4096];
+    h.plan.hold(ROp::Write);
+    for i in 0..2 * SPREAD_AFTER + 8 {
+        let page = scattered_page(i, 4096);
+        let fh = if i % 2 == 0 { a } else { b };
+        let fill = (i % 251 + 1) as u8;
+        h.write(fh, (page * 4096) as u64, &[fill; 4096]).await;
+        model[page * 4096..(page + 1) * 4096].fill(fill);
+    }
+    h.plan.release(ROp::Write);
+    h.fs.flush(a).await.unwrap();
+    h.fs.flush(b).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::OpenAlongside), 0, "lanes opened");
+    let on_disk = std::fs::read(h.disk("db")).unwrap();
+    assert!(
+        on_disk[..] == model[..on_disk.len()],
+        "disk differs from the model"
+    );
+    assert!(model[on_disk.len()..].iter().all(|&b| b == 0));
+    h.fs.release(a).await.unwrap();
+    h.fs.release(b).await.unwrap();
 }
 
 /// Writes out of order that never queue up behind one another (each is flushed before the
