@@ -651,6 +651,38 @@ fn small_files_are_read_along_with_their_open() {
     }
 }
 
+/// A file rewritten in place (`open(O_TRUNC)`, write, close), as tools and editors save, then
+/// read back: the truncate comes with the open (atomic_o_trunc), the kernel's cached pages of
+/// the longer old content are gone, and the read back gets its bytes and attributes along
+/// with its open although the writes left them unknown. A write of another descriptor still
+/// on its way lands before the truncate, as on a local disk.
+#[test]
+fn rewritten_in_place_and_read_back() {
+    let m = TestMount::start(&[]);
+    let old = pattern(1, 100_000);
+    fs::write(m.p("f"), &old).unwrap();
+    assert_same_bytes(&fs::read(m.p("f")).unwrap(), &old, "first read");
+    for round in 0..3u64 {
+        let new = pattern(10 + round, 3_000 + round as usize);
+        fs::write(m.p("f"), &new).unwrap();
+        let along = status_counter(&m.mnt, "opens_read_along");
+        assert_same_bytes(&fs::read(m.p("f")).unwrap(), &new, "read back");
+        assert_eq!(
+            status_counter(&m.mnt, "opens_read_along") - along,
+            1,
+            "round {round}: not read along with its open"
+        );
+        assert_same_bytes(&fs::read(m.e("f")).unwrap(), &new, "on the server");
+    }
+    let mut other = OpenOptions::new().write(true).open(m.p("f")).unwrap();
+    other.seek(io::SeekFrom::Start(50_000)).unwrap();
+    other.write_all(b"tail").unwrap();
+    fs::write(m.p("f"), b"x").unwrap();
+    drop(other);
+    assert_eq!(fs::read(m.p("f")).unwrap(), b"x");
+    assert_eq!(fs::read(m.e("f")).unwrap(), b"x");
+}
+
 /// The kernel keeps its cached pages of a file from one open to the next while they are
 /// younger than the attribute TTL and nothing shows a change (`keep_cache`): a second read
 /// does not cross the link, nor does its open. A change made on the server that neither the size nor the mtime

@@ -554,12 +554,30 @@ async fn open_and_first_read_in_one_round_trip() {
         let want = &want[..want.len().min(LEN as usize)];
         assert!(data[..] == *want, "f{i}: {} bytes, not its own", data.len());
     };
+    // Attributes asked along are the opened file's own.
+    let check_size = move |i: usize, attrs: Option<awcp_mount::remote::Attrs>| {
+        if let Some(a) = attrs {
+            assert_eq!(a.size, Some(content(i).len() as u64), "f{i}: not its size");
+        }
+    };
 
     for round in 0..3 {
         for i in 0..40 {
-            let (h, data) = r.open_read(&root.join(format!("f{i}")), LEN).await.unwrap();
-            let data = data.unwrap_or_else(|| panic!("round {round}, f{i}: not read along"));
+            let stat = round != 1;
+            let (h, along) = r
+                .open_read(&root.join(format!("f{i}")), LEN, stat)
+                .await
+                .unwrap();
+            let data = along
+                .data
+                .unwrap_or_else(|| panic!("round {round}, f{i}: not read along"));
             check(i, &data);
+            assert_eq!(
+                along.attrs.is_some(),
+                stat,
+                "round {round}, f{i}: attributes"
+            );
+            check_size(i, along.attrs);
             let r = r.clone();
             tokio::spawn(async move { r.close(&h).await.unwrap() });
         }
@@ -577,13 +595,16 @@ async fn open_and_first_read_in_one_round_trip() {
                         r.read_dir(&root).await.unwrap();
                     }
                     1 => {
-                        let e = r.open_read(&root.join("missing"), LEN).await.unwrap_err();
+                        let e = r
+                            .open_read(&root.join("missing"), LEN, true)
+                            .await
+                            .unwrap_err();
                         assert_eq!(e.status(), Some(Status::NoSuchFile));
                     }
                     2 => {
                         // Abandoned once sent: its HANDLE comes back to no one.
                         let path = root.join(format!("f{i}"));
-                        let open = r.open_read(&path, LEN);
+                        let open = r.open_read(&path, LEN, k % 2 == 0);
                         tokio::select! {
                             biased;
                             opened = open => {
@@ -594,9 +615,12 @@ async fn open_and_first_read_in_one_round_trip() {
                         }
                     }
                     _ => {
-                        let (h, data) =
-                            r.open_read(&root.join(format!("f{i}")), LEN).await.unwrap();
-                        if let Some(data) = data {
+                        let (h, got) = r
+                            .open_read(&root.join(format!("f{i}")), LEN, k % 2 == 1)
+                            .await
+                            .unwrap();
+                        check_size(i, got.attrs);
+                        if let Some(data) = got.data {
                             along += 1;
                             let want = content(i);
                             let want = &want[..want.len().min(LEN as usize)];
@@ -616,11 +640,17 @@ async fn open_and_first_read_in_one_round_trip() {
     eprintln!("read along in the storm: {along} of 192 opens");
     // Every channel still in step: one after another, every open reads along again.
     for i in 0..40 {
-        let (h, data) = r.open_read(&root.join(format!("f{i}")), LEN).await.unwrap();
+        let (h, got) = r
+            .open_read(&root.join(format!("f{i}")), LEN, true)
+            .await
+            .unwrap();
         check(
             i,
-            &data.unwrap_or_else(|| panic!("after the storm, f{i}: not read along")),
+            &got.data
+                .unwrap_or_else(|| panic!("after the storm, f{i}: not read along")),
         );
+        assert!(got.attrs.is_some(), "after the storm, f{i}: no attributes");
+        check_size(i, got.attrs);
         r.close(&h).await.unwrap();
     }
 }

@@ -38,7 +38,7 @@ use crate::policy::containment;
 use crate::policy::enforcer::Enforcer;
 use crate::policy::SymlinkMode;
 use crate::remote::{
-    Attrs, DirEntry, FileKind, OpenFlags, Remote, RemoteError, RenameMode, SetAttrs, Status,
+    Along, Attrs, DirEntry, FileKind, OpenFlags, Remote, RemoteError, RenameMode, SetAttrs, Status,
 };
 
 /// Attributes in the form the kernel wants them.
@@ -2316,7 +2316,8 @@ impl<R: Remote> Fs<R> {
         req: OpenRequest,
     ) -> FsResult<(u64, bool)> {
         let before = (Instant::now(), self.cache.lock().unwrap().now());
-        let keep = self.page_cache_keepable(ino);
+        // (An open with O_TRUNC empties the kernel's cache of the file anyway.)
+        let keep = req.flags & libc::O_TRUNC == 0 && self.page_cache_keepable(ino);
         if keep {
             if let Some(fh) = self.open_deferred(ino, &req) {
                 return Ok((fh, true));
@@ -2437,8 +2438,8 @@ impl<R: Remote> Fs<R> {
         }
         let path = self.path_of(ino)?;
         let flags = req.remote_flags();
-        // (O_TRUNC reaches us only with atomic_o_trunc, which is not asked for; never from
-        // a copy anyway.)
+        // (O_TRUNC reaches us with atomic_o_trunc: the kernel truncates its page cache itself
+        // and sends no setattr. Never from a copy.)
         if !flags.write && !flags.append && !flags.truncate {
             if let Some(fh) = self.open_fetched_ahead(ino).await {
                 return Ok(fh);
@@ -2448,16 +2449,48 @@ impl<R: Remote> Fs<R> {
             true => self.read_along_len(ino),
             false => None,
         };
+        if flags.truncate {
+            // O_TRUNC comes with the open (atomic_o_trunc): as before a truncate by setattr,
+            // the writes of other descriptors still on their way land first (or they would
+            // extend the emptied file again), and what a creating descriptor knew of the
+            // file is stale.
+            self.forget_created(ino);
+            self.drain_inode(ino).await;
+        }
+        let quota = &self.enforcer.quota;
+        // Writes are charged by how far they grow the file: its size must be known.
+        let sized = flags.write && quota.is_limited() && !flags.truncate && !quota.knows(ino);
         let since = (Instant::now(), self.cache.lock().unwrap().now());
         let opened = match along {
-            Some(len) => self.remote.open_read(&path, len).await,
-            None => self.remote.open(&path, flags, 0).await.map(|h| (h, None)),
+            Some((len, stat)) => self.remote.open_read(&path, len, stat).await,
+            // The attributes in the same round trip: after a truncate the kernel asks them
+            // right away (its own are stale, and `fstat` follows nearly every open).
+            None if flags.truncate || sized => {
+                self.remote.open_stat(&path, flags, 0).await.map(|(h, a)| {
+                    let along = Along {
+                        attrs: Some(a),
+                        data: None,
+                    };
+                    (h, along)
+                })
+            }
+            None => self
+                .remote
+                .open(&path, flags, 0)
+                .await
+                .map(|h| (h, Along::default())),
         };
-        let (handle, first_bytes) = match opened {
+        let (handle, got) = match opened {
             Ok(o) => o,
             Err(e) => return Err(self.explain(Op::Open, e, &path, None).await),
         };
-        if let (Some(len), Some(data)) = (along, first_bytes) {
+        // (What the LSTAT of a followed symlink shows is the link, not the file.)
+        let attrs = got.attrs.filter(|a| a.file_type() == FileKind::File);
+        if let Some(attrs) = attrs.filter(|_| !flags.truncate) {
+            // The kernel's `fstat` after the open is answered with these.
+            self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since.1);
+        }
+        if let (Some((len, _)), Some(data)) = (along, got.data) {
             let fh = self.register_file(ino, flags, handle, req.pid);
             self.stats.opens_read_along.fetch_add(1, Ordering::Relaxed);
             self.read_along.lock().unwrap().insert(
@@ -2473,24 +2506,30 @@ impl<R: Remote> Fs<R> {
             return Ok(fh);
         }
         if flags.truncate {
+            // Truncated: what was written beyond the new size no longer counts.
+            for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+                f.written_end.fetch_min(0, Ordering::Relaxed);
+            }
             self.status_changed(ino);
-            self.attrs_changed(ino, None);
-            if self.enforcer.quota.knows(ino) {
+            // As the server shows it right after the truncate, unless another descriptor's
+            // writes are on their way again.
+            let known = attrs.filter(|_| self.writers_of(ino).is_empty());
+            self.attrs_changed(ino, known);
+            if quota.knows(ino) || (flags.write && quota.is_limited()) {
                 // Truncated to nothing: what it held is given back.
-                let _ = self.enforcer.quota.resize(ino, 0);
+                let _ = quota.resize(ino, 0);
             }
         }
-        if flags.write && self.enforcer.quota.is_limited() {
-            // Writes are charged by how far they grow the file: know its size first.
-            if flags.truncate {
-                let _ = self.enforcer.quota.resize(ino, 0);
-            } else if !self.enforcer.quota.knows(ino) {
-                match self.remote.fstat(&handle).await {
-                    Ok(a) => self.enforcer.quota.observe(ino, a.size.unwrap_or(0)),
-                    Err(e) => {
-                        let _ = self.remote.close(&handle).await;
-                        return Err(remote_err(Op::Open, &e, "fstat"));
-                    }
+        if sized {
+            let size = match attrs {
+                Some(a) => Ok(a),
+                None => self.remote.fstat(&handle).await,
+            };
+            match size {
+                Ok(a) => quota.observe(ino, a.size.unwrap_or(0)),
+                Err(e) => {
+                    let _ = self.remote.close(&handle).await;
+                    return Err(remote_err(Op::Open, &e, "fstat"));
                 }
             }
         }
@@ -2973,22 +3012,35 @@ impl<R: Remote> Fs<R> {
     }
 
     /// How many bytes to read along with the open of `ino` (see `Remote::open_read`), if
-    /// any. A small file opened for reading is read right away, by nearly every tool that
-    /// opens one (`git`'s objects, a compiler's headers, an interpreter's modules): with the
-    /// READ sent behind the OPEN that is one round trip for both instead of two. Only a
-    /// regular file of known size up to `prefetch::SMALL_FILE_MAX` (one READ), with no
-    /// descriptor of it open (a write of ours to it may be on its way, which the READ would
-    /// not wait for), within [`READ_ALONG_BYTES`] mount-wide. One byte more than its size is
-    /// asked for, so a short answer says where the file ends. What was read is used for the
-    /// kernel's reads while younger than the attribute TTL and nothing changed the file
-    /// through the mount ([`Fs::read_along_for`]): as fresh as a read right after the open.
-    fn read_along_len(&self, ino: Ino) -> Option<u32> {
+    /// any, and whether to ask its attributes along too. A small file opened for reading is
+    /// read right away, by nearly every tool that opens one (`git`'s objects, a compiler's
+    /// headers, an interpreter's modules): with the READ sent behind the OPEN that is one
+    /// round trip for both instead of two. Only a regular file of known size up to
+    /// `prefetch::SMALL_FILE_MAX` (one READ), or of unknown size, with no descriptor of it
+    /// open (a write of ours to it may be on its way, which the READ would not wait for),
+    /// within [`READ_ALONG_BYTES`] mount-wide. One byte more than its size is asked for, so
+    /// a short answer says where the file ends. What was read is used for the kernel's reads
+    /// while younger than the attribute TTL and nothing changed the file through the mount
+    /// ([`Fs::read_along_for`]): as fresh as a read right after the open.
+    /// The size is not known after a change through the mount (a file written and closed,
+    /// then read back: an editor's save, a tool's output) or past the TTL, and the kernel
+    /// then asks the attributes right after the open (`fstat`, or its own check before a
+    /// read): they come along (an FSTAT of the new handle), and as much is read as a small
+    /// file holds. That makes open, `fstat` and first read one round trip instead of three.
+    fn read_along_len(&self, ino: Ino) -> Option<(u32, bool)> {
         if self.attr_ttl_for(ino).is_zero()
             || self.inodes.lock().unwrap().kind(ino) != Some(FileKind::File)
         {
             return None;
         }
-        let size = self.cache.lock().unwrap().get_attrs(ino)?.attrs.size?;
+        let known = {
+            let mut cache = self.cache.lock().unwrap();
+            cache.get_attrs(ino).and_then(|c| c.attrs.size)
+        };
+        let (size, stat) = match known {
+            Some(size) => (size, false),
+            None => (prefetch::SMALL_FILE_MAX, true),
+        };
         if size > prefetch::SMALL_FILE_MAX || self.any_open_file(ino).is_some() {
             return None;
         }
@@ -3000,7 +3052,7 @@ impl<R: Remote> Fs<R> {
             .values()
             .map(|r| r.data.len())
             .sum();
-        (held as u64 + len <= READ_ALONG_BYTES).then_some(len as u32)
+        (held as u64 + len <= READ_ALONG_BYTES).then_some((len as u32, stat))
     }
 
     /// The kernel's read of `size` bytes at `offset` through `fh`, from the bytes read along

@@ -892,8 +892,7 @@ async fn read_along_never_hides_a_change() {
     h.fs.release(r).await.unwrap();
     h.fs.release(w).await.unwrap();
 
-    // A change on the server shows once the TTL has passed. (Read along only with the size
-    // known: the writes left it unknown.)
+    // A change on the server shows once the TTL has passed.
     assert_eq!(h.size(f, None).await, 11);
     let r = h.open(f, libc::O_RDONLY).await;
     assert_eq!(along(), 2);
@@ -901,6 +900,86 @@ async fn read_along_never_hides_a_change() {
     h.fs.expire_cache();
     assert_eq!(h.read(r, 0, 4096).await, b"server's!!!", "past the TTL");
     h.fs.release(r).await.unwrap();
+}
+
+/// A file written through the mount and closed has no known attributes (the server set its
+/// mtime as the writes landed): the next open for reading asks them along with its open and
+/// first bytes, and the kernel's `fstat` and first reads right after (an editor's save read
+/// back, a tool's output) are answered with what came along. A file bigger than that read
+/// has its first bytes answered so; past them the server is asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_along_brings_the_attributes_when_they_are_not_known() {
+    let h = Harness::new();
+    let along = || h.fs.stats.opens_read_along.load(Ordering::Relaxed);
+    let asked = || {
+        [ROp::Lstat, ROp::Stat, ROp::Fstat, ROp::Read]
+            .map(|op| h.plan.calls(op))
+            .to_vec()
+    };
+    for (name, len) in [("small", 5_000usize), ("big", 300_000)] {
+        let data: Vec<u8> = (0..len as u32).map(|i| (i * 13 + 5) as u8).collect();
+        let (f, w) = h.create(ROOT, name).await;
+        h.write(w, 0, &data).await;
+        h.fs.release(w).await.unwrap();
+        let before = (along(), asked());
+        let r = h.open(f, libc::O_RDONLY).await;
+        assert_eq!(along(), before.0 + 1, "{name}: not read along");
+        let with_open = asked();
+        // (fstat(2) reaches the mount without the descriptor.)
+        assert_eq!(h.size(f, None).await, len as u64, "{name}: size");
+        assert_eq!(h.read(r, 0, 4096).await, &data[..4096], "{name}");
+        let end = len.min(8192);
+        assert_eq!(h.read(r, 4096, 4096).await, &data[4096..end], "{name}");
+        assert_eq!(asked(), with_open, "{name}: fstat or read asked the server");
+        if len > 8192 {
+            let at = 128 * 1024;
+            assert_eq!(h.read(r, at, 4096).await, &data[at as usize..][..4096]);
+            assert_eq!(h.read(r, 200_000, 4096).await, &data[200_000..204_096]);
+        }
+        h.fs.release(r).await.unwrap();
+    }
+}
+
+/// `open(O_TRUNC)` (atomic_o_trunc: the flag comes with the open, no setattr follows)
+/// truncates in the OPEN itself, after the writes of another descriptor that were on their
+/// way (or they would extend the emptied file again), and knows the attributes the kernel
+/// asks right after, from the same round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_with_o_trunc_truncates_after_writes_on_their_way() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), vec![1u8; 10_000]).unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let other = h.open(f, libc::O_WRONLY).await;
+    // Lands 200 ms after it is sent.
+    h.plan
+        .set_queue_delay(ROp::Write, Some(Duration::from_millis(200)));
+    h.write(other, 20_000, b"tail").await;
+    let setstats = h.plan.calls(ROp::Setstat) + h.plan.calls(ROp::Fsetstat);
+    let fh = h.open(f, libc::O_WRONLY | libc::O_TRUNC).await;
+    assert_eq!(
+        h.meta("f").len(),
+        0,
+        "not truncated, or the write landed after"
+    );
+    let asked = || {
+        [ROp::Lstat, ROp::Stat, ROp::Fstat]
+            .map(|op| h.plan.calls(op))
+            .to_vec()
+    };
+    let stats = asked();
+    // (fstat(2) reaches the mount without the descriptor.)
+    assert_eq!(h.size(f, None).await, 0);
+    assert_eq!(asked(), stats, "the size asked again after the open");
+    h.plan.set_queue_delay(ROp::Write, None);
+    h.write(fh, 0, b"new").await;
+    h.fs.release(fh).await.unwrap();
+    h.fs.release(other).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"new");
+    assert_eq!(
+        h.plan.calls(ROp::Setstat) + h.plan.calls(ROp::Fsetstat),
+        setstats,
+        "truncated by a SETSTAT"
+    );
 }
 
 /// `keep_cache`: an open leaves the kernel's pages of a file in place while every one of

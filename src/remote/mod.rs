@@ -257,6 +257,16 @@ pub struct StatVfs {
     pub namemax: u64,
 }
 
+/// What [`Remote::open_read`] got along with the open: each None when it was not asked for,
+/// not sent, or failed (ask again the ordinary way).
+#[derive(Debug, Clone, Default)]
+pub struct Along {
+    /// The open file's attributes (FSTAT of the new handle).
+    pub attrs: Option<Attrs>,
+    /// The file's first bytes (fewer than asked for: the file ends there).
+    pub data: Option<Bytes>,
+}
+
 /// Limits the server declared (`limits@openssh.com`), or conservative defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -319,21 +329,25 @@ pub trait Remote: Send + Sync + 'static {
         flags: OpenFlags,
         perm: u32,
     ) -> impl Future<Output = RemoteResult<Self::Handle>> + Send;
-    /// Open `path` for reading and read up to `len` bytes from its start: the handle, and
-    /// the data (fewer bytes than `len`: the file ends there) or None when it was not read
-    /// along (read it the ordinary way). `len` is at most `limits().max_read`. The SFTP
-    /// remote sends both requests at once when it can tell the handle the OPEN will get (see
-    /// `sftp::forecast`), which makes it one round trip; otherwise it only opens. The
-    /// default opens, then reads.
+    /// Open `path` for reading and read up to `len` bytes from its start, and with `stat`
+    /// also ask the handle's attributes: the handle, and what came along with it (see
+    /// [`Along`]). `len` is at most `limits().max_read`. The SFTP remote sends the requests
+    /// at once when it can tell the handle the OPEN will get (see `sftp::forecast`), which
+    /// makes it one round trip; otherwise it only opens. The default opens, then asks.
     fn open_read(
         &self,
         path: &Path,
         len: u32,
-    ) -> impl Future<Output = RemoteResult<(Self::Handle, Option<Bytes>)>> + Send {
+        stat: bool,
+    ) -> impl Future<Output = RemoteResult<(Self::Handle, Along)>> + Send {
         async move {
             let h = self.open(path, OpenFlags::read_only(), 0).await?;
+            let attrs = match stat {
+                true => self.fstat(&h).await.ok(),
+                false => None,
+            };
             let data = self.read(&h, 0, len).await.ok();
-            Ok((h, data))
+            Ok((h, Along { attrs, data }))
         }
     }
     /// Open a file (see [`Remote::open`]) and return its attributes as they are right after

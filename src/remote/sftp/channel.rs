@@ -346,26 +346,39 @@ impl SftpChannel {
     }
 
     /// Send an OPEN (`open`, a read-only open of a file) and, when the handle it will get
-    /// can be told in advance (see `forecast`), a READ of `len` bytes at offset 0 on that
-    /// handle right behind it: open and first read in one round trip. The READ's reply, with
-    /// the handle it was sent on, to be used only if the OPEN answers with that handle.
+    /// can be told in advance (see `forecast`), right behind it on that handle an FSTAT (with
+    /// `stat`) and a READ of `len` bytes at offset 0: open, attributes and first read in one
+    /// round trip. The replies, with the handle they were sent on, to be used only if the
+    /// OPEN answers with that handle.
     pub(crate) async fn open_and_read(
         &self,
         open: &Request<'_>,
         len: u32,
-    ) -> RemoteResult<(PendingReply, Option<(Bytes, PendingReply)>)> {
+        stat: bool,
+    ) -> RemoteResult<(PendingReply, Option<ForecastReplies>)> {
         let (opened, forecast) = self.send_forecast(open).await?;
         let Some(handle) = forecast else {
             return Ok((opened, None));
+        };
+        // (A request that cannot be sent changes nothing: the open stands without it.)
+        let fstat = match stat {
+            true => self.send(&Request::Fstat { handle: &handle }).await.ok(),
+            false => None,
         };
         let read = Request::Read {
             handle: &handle,
             offset: 0,
             len,
         };
-        // (A READ that cannot be sent changes nothing: the open stands without it.)
         let read = self.send(&read).await.ok();
-        Ok((opened, read.map(|r| (handle, r))))
+        Ok((
+            opened,
+            Some(ForecastReplies {
+                handle,
+                fstat,
+                read,
+            }),
+        ))
     }
 
     /// [`send`](Self::send), and for an OPEN or OPENDIR the handle it will get if it
@@ -469,6 +482,14 @@ fn request_cost(req: &Request<'_>, min_rtt: impl FnOnce() -> Option<Duration>) -
         }
         _ => req.data_cost().min(MAX_BYTES_IN_FLIGHT),
     }
+}
+
+/// Requests sent behind an OPEN on the handle it was forecast to get (see
+/// [`SftpChannel::open_and_read`]); each None if it could not be sent.
+pub(crate) struct ForecastReplies {
+    pub(crate) handle: Bytes,
+    pub(crate) fstat: Option<PendingReply>,
+    pub(crate) read: Option<PendingReply>,
 }
 
 /// The reply to a request already queued by [`SftpChannel::send`].

@@ -41,8 +41,8 @@ use self::channel::{DeathSignal, SftpChannel, StartError};
 use self::codec::{Request, Response};
 use self::connect::SshHandle;
 use crate::remote::{
-    Attrs, DirEntry, Limits, OpenFlags, Remote, RemoteError, RemoteResult, RenameMode, SetAttrs,
-    StatVfs, Status, WriteAck,
+    Along, Attrs, DirEntry, Limits, OpenFlags, Remote, RemoteError, RemoteResult, RenameMode,
+    SetAttrs, StatVfs, Status, WriteAck,
 };
 
 /// Largest READ/WRITE payload we ever use: 255 KiB, so a WRITE packet with its header stays
@@ -547,20 +547,25 @@ fn expect_ext(op: &str, r: Response) -> RemoteResult<Bytes> {
     }
 }
 
-/// What a READ of `len` bytes at offset 0, sent on the handle `forecast` right behind an
-/// OPEN that got the handle `opened`, read of the opened file: the data (fewer bytes than
-/// `len`: the file ends there), or None if it went on another handle (which may be another
-/// file of ours: its bytes are not this file's) or did not succeed.
-fn read_along(
+/// What an FSTAT and a READ of `len` bytes at offset 0, sent on the handle `forecast` right
+/// behind an OPEN that got the handle `opened`, tell of the opened file: its attributes and
+/// data (fewer bytes than `len`: the file ends there), each None if not sent, if they went
+/// on another handle (which may be another file of ours: its bytes are not this file's), or
+/// did not succeed.
+fn along_of(
     forecast: &[u8],
     opened: &[u8],
-    reply: RemoteResult<Response>,
+    fstat: Option<RemoteResult<Response>>,
+    read: Option<RemoteResult<Response>>,
     len: u32,
-) -> Option<Bytes> {
+) -> Along {
     if forecast != opened {
-        return None;
+        return Along::default();
     }
-    reply.and_then(|r| read_reply(r, len)).ok()
+    Along {
+        attrs: fstat.and_then(|r| r.and_then(|r| expect_attrs("FSTAT", r)).ok()),
+        data: read.and_then(|r| r.and_then(|r| read_reply(r, len)).ok()),
+    }
 }
 
 /// The data a READ of `len` bytes was answered with (empty at the end of the file).
@@ -940,24 +945,37 @@ impl Remote for SftpRemote {
         .await
     }
 
-    async fn open_read(&self, path: &Path, len: u32) -> RemoteResult<(SftpHandle, Option<Bytes>)> {
+    async fn open_read(
+        &self,
+        path: &Path,
+        len: u32,
+        stat: bool,
+    ) -> RemoteResult<(SftpHandle, Along)> {
         let req = open_request(path, OpenFlags::read_only(), 0);
         self.once_more(true, || async {
             let c = self.inner.conn().await?;
             let ch = Self::channel_index(&c, c.pick());
-            let (opened, read) = c.channels[ch].open_and_read(&req, len).await?;
+            let (opened, along) = c.channels[ch].open_and_read(&req, len, stat).await?;
             let raw = expect_handle(req.name(), opened.wait().await?)?;
-            let data = match read {
-                Some((forecast, reply)) => read_along(&forecast, &raw, reply.wait().await, len),
-                None => None,
-            };
+            let mut got = Along::default();
+            if let Some(along) = along {
+                let fstat = match along.fstat {
+                    Some(reply) => Some(reply.wait().await),
+                    None => None,
+                };
+                let read = match along.read {
+                    Some(reply) => Some(reply.wait().await),
+                    None => None,
+                };
+                got = along_of(&along.handle, &raw, fstat, read, len);
+            }
             Ok((
                 SftpHandle {
                     raw,
                     channel: ch,
                     generation: c.generation,
                 },
-                data,
+                got,
             ))
         })
         .await
@@ -1411,34 +1429,48 @@ mod tests {
 
     #[test]
     fn a_read_along_counts_only_on_the_handle_the_open_got() {
-        let data = || Ok(Response::Data(Bytes::from_static(b"abc")));
+        let data = || Some(Ok(Response::Data(Bytes::from_static(b"abc"))));
         let eof = || {
-            Ok(Response::Status {
+            Some(Ok(Response::Status {
                 code: 1,
                 message: String::new(),
-            })
+            }))
+        };
+        let attrs = || {
+            Some(Ok(Response::Attrs(Attrs {
+                size: Some(3),
+                ..Default::default()
+            })))
+        };
+        let read = |forecast: &[u8], opened: &[u8], reply, len| {
+            along_of(forecast, opened, None, reply, len).data
         };
         let h0 = 0u32.to_be_bytes();
         let h1 = 1u32.to_be_bytes();
-        assert_eq!(
-            read_along(&h0, &h0, data(), 8).as_deref(),
-            Some(&b"abc"[..])
-        );
-        assert_eq!(read_along(&h0, &h0, eof(), 8).as_deref(), Some(&b""[..]));
+        assert_eq!(read(&h0, &h0, data(), 8).as_deref(), Some(&b"abc"[..]));
+        assert_eq!(read(&h0, &h0, eof(), 8).as_deref(), Some(&b""[..]));
         // Another handle: the bytes of whatever file that is, or nothing.
-        assert_eq!(read_along(&h1, &h0, data(), 8), None);
-        assert_eq!(read_along(&h1, &h0, eof(), 8), None);
+        assert_eq!(read(&h1, &h0, data(), 8), None);
+        assert_eq!(read(&h1, &h0, eof(), 8), None);
         // More than asked for, or an error: read it the ordinary way.
-        assert_eq!(read_along(&h0, &h0, data(), 2), None);
-        let failure = Ok(Response::Status {
-            code: 4,
-            message: "bad handle".into(),
-        });
-        assert_eq!(read_along(&h0, &h0, failure, 8), None);
-        assert_eq!(
-            read_along(&h0, &h0, Err(RemoteError::Disconnected("x".into())), 8),
-            None
-        );
+        assert_eq!(read(&h0, &h0, data(), 2), None);
+        let failure = || {
+            Some(Ok(Response::Status {
+                code: 4,
+                message: "bad handle".into(),
+            }))
+        };
+        assert_eq!(read(&h0, &h0, failure(), 8), None);
+        let lost = || Some(Err(RemoteError::Disconnected("x".into())));
+        assert_eq!(read(&h0, &h0, lost(), 8), None);
+        // The attributes likewise: only of the handle the open got, only if they came.
+        let size = |forecast: &[u8], fstat| along_of(forecast, &h0, fstat, data(), 8).attrs;
+        assert_eq!(size(&h0, attrs()).and_then(|a| a.size), Some(3));
+        assert!(size(&h1, attrs()).is_none());
+        assert!(size(&h0, failure()).is_none());
+        assert!(size(&h0, lost()).is_none());
+        assert!(size(&h0, None).is_none());
+        assert!(along_of(&h0, &h0, attrs(), None, 8).data.is_none());
     }
 
     #[test]
