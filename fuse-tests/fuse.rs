@@ -654,8 +654,10 @@ fn small_files_are_read_along_with_their_open() {
 /// A file rewritten in place (`open(O_TRUNC)`, write, close), as tools and editors save, then
 /// read back: the truncate comes with the open (atomic_o_trunc), the kernel's cached pages of
 /// the longer old content are gone, and the read back gets its bytes and attributes along
-/// with its open although the writes left them unknown. A write of another descriptor still
-/// on its way lands before the truncate, as on a local disk.
+/// with its open although the writes left them unknown (whether or not the kernel's release
+/// of the writing descriptor came first). A write through another descriptor before the
+/// rewrite does not show after it (the core test `open_with_o_trunc_truncates_after_writes_
+/// on_their_way` holds such a write back to check the order).
 #[test]
 fn rewritten_in_place_and_read_back() {
     let m = TestMount::start(&[]);

@@ -2445,35 +2445,29 @@ impl<R: Remote> Fs<R> {
                 return Ok(fh);
             }
         }
+        if flags.truncate {
+            let handle = self.open_truncating(ino, &path, flags).await?;
+            return Ok(self.register_file(ino, flags, handle, req.pid));
+        }
+        // Before the checks below: a write through the mount after it shows as a change since
+        // (see `read_along_for`), one before it as a write still on its way.
+        let since = (Instant::now(), self.cache.lock().unwrap().now());
         let along = match read_along && flags == OpenFlags::read_only() {
             true => self.read_along_len(ino),
             false => None,
         };
-        if flags.truncate {
-            // O_TRUNC comes with the open (atomic_o_trunc): as before a truncate by setattr,
-            // the writes of other descriptors still on their way land first (or they would
-            // extend the emptied file again), and what a creating descriptor knew of the
-            // file is stale.
-            self.forget_created(ino);
-            self.drain_inode(ino).await;
-        }
         let quota = &self.enforcer.quota;
         // Writes are charged by how far they grow the file: its size must be known.
-        let sized = flags.write && quota.is_limited() && !flags.truncate && !quota.knows(ino);
-        let since = (Instant::now(), self.cache.lock().unwrap().now());
+        let sized = flags.write && quota.is_limited() && !quota.knows(ino);
         let opened = match along {
             Some((len, stat)) => self.remote.open_read(&path, len, stat).await,
-            // The attributes in the same round trip: after a truncate the kernel asks them
-            // right away (its own are stale, and `fstat` follows nearly every open).
-            None if flags.truncate || sized => {
-                self.remote.open_stat(&path, flags, 0).await.map(|(h, a)| {
-                    let along = Along {
-                        attrs: Some(a),
-                        data: None,
-                    };
-                    (h, along)
-                })
-            }
+            None if sized => self.remote.open_stat(&path, flags, 0).await.map(|(h, a)| {
+                let along = Along {
+                    attrs: Some(a),
+                    data: None,
+                };
+                (h, along)
+            }),
             None => self
                 .remote
                 .open(&path, flags, 0)
@@ -2486,7 +2480,7 @@ impl<R: Remote> Fs<R> {
         };
         // (What the LSTAT of a followed symlink shows is the link, not the file.)
         let attrs = got.attrs.filter(|a| a.file_type() == FileKind::File);
-        if let Some(attrs) = attrs.filter(|_| !flags.truncate) {
+        if let Some(attrs) = attrs {
             // The kernel's `fstat` after the open is answered with these.
             self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since.1);
         }
@@ -2505,21 +2499,6 @@ impl<R: Remote> Fs<R> {
             );
             return Ok(fh);
         }
-        if flags.truncate {
-            // Truncated: what was written beyond the new size no longer counts.
-            for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
-                f.written_end.fetch_min(0, Ordering::Relaxed);
-            }
-            self.status_changed(ino);
-            // As the server shows it right after the truncate, unless another descriptor's
-            // writes are on their way again.
-            let known = attrs.filter(|_| self.writers_of(ino).is_empty());
-            self.attrs_changed(ino, known);
-            if quota.knows(ino) || (flags.write && quota.is_limited()) {
-                // Truncated to nothing: what it held is given back.
-                let _ = quota.resize(ino, 0);
-            }
-        }
         if sized {
             let size = match attrs {
                 Some(a) => Ok(a),
@@ -2534,6 +2513,69 @@ impl<R: Remote> Fs<R> {
             }
         }
         Ok(self.register_file(ino, flags, handle, req.pid))
+    }
+
+    /// open(2) with O_TRUNC of an existing file. With atomic_o_trunc the flag comes with the
+    /// open and no setattr follows (the kernel empties its page cache itself): one OPEN with
+    /// TRUNC, and an LSTAT in the same round trip for the attributes the kernel asks right
+    /// after (its own are stale, and `fstat` follows nearly every open). That is two round
+    /// trips less than a setattr after the open (a SETSTAT, then an LSTAT) for every tool
+    /// that rewrites a file in place.
+    async fn open_truncating(
+        self: &Arc<Self>,
+        ino: Ino,
+        path: &Path,
+        flags: OpenFlags,
+    ) -> FsResult<R::Handle> {
+        // As before a truncate by setattr: the writes of other descriptors still on their
+        // way land first (or they would extend the emptied file again), and what a creating
+        // descriptor knew of the file is stale.
+        self.forget_created(ino);
+        self.drain_inode(ino).await;
+        // The lease may have ended while they landed.
+        self.check_writable("open with O_TRUNC")?;
+        let quota = &self.enforcer.quota;
+        if quota.is_limited() && !quota.knows(ino) {
+            // What it holds is given back below: know how much first.
+            let size = self.fetch_attrs(ino).await.ok().and_then(|a| a.attrs.size);
+            quota.observe(ino, size.unwrap_or(0));
+        }
+        let since = self.cache.lock().unwrap().now();
+        let (handle, attrs) = match self.remote.open_stat(path, flags, 0).await {
+            Ok(o) => o,
+            Err(e) => return Err(self.explain(Op::Open, e, path, None).await),
+        };
+        // (What the LSTAT of a followed symlink shows is the link, not the file.)
+        let mut attrs = Some(attrs).filter(|a| a.file_type() == FileKind::File);
+        let untouched = || {
+            self.writers_of(ino).is_empty() && !self.cache.lock().unwrap().changed_since(ino, since)
+        };
+        if attrs.is_some_and(|a| a.size.is_some_and(|s| s > 0)) && untouched() {
+            // Opened, not truncated: SFTP v3 defines TRUNC only together with CREAT, and a
+            // server other than OpenSSH (which truncates either way) may ignore it alone.
+            let set = SetAttrs {
+                size: Some(0),
+                ..Default::default()
+            };
+            if let Err(e) = self.remote.fsetstat(&handle, set).await {
+                let _ = self.remote.close(&handle).await;
+                return Err(self.explain_sized(Op::Setattr, e, path, 0).await);
+            }
+            attrs = None;
+        }
+        // Truncated: what was written beyond the new size no longer counts.
+        for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+            f.written_end.fetch_min(0, Ordering::Relaxed);
+        }
+        self.status_changed(ino);
+        // As the server showed it right after the truncate, unless something changed it
+        // through the mount since.
+        let known = attrs.filter(|_| untouched());
+        self.attrs_changed(ino, known);
+        if quota.knows(ino) {
+            let _ = quota.resize(ino, 0);
+        }
+        Ok(handle)
     }
 
     pub async fn create(
@@ -3016,9 +3058,9 @@ impl<R: Remote> Fs<R> {
     /// read right away, by nearly every tool that opens one (`git`'s objects, a compiler's
     /// headers, an interpreter's modules): with the READ sent behind the OPEN that is one
     /// round trip for both instead of two. Only a regular file of known size up to
-    /// `prefetch::SMALL_FILE_MAX` (one READ), or of unknown size, with no descriptor of it
-    /// open (a write of ours to it may be on its way, which the READ would not wait for),
-    /// within [`READ_ALONG_BYTES`] mount-wide. One byte more than its size is asked for, so
+    /// `prefetch::SMALL_FILE_MAX` (one READ), or of unknown size, with no write of ours to it
+    /// on its way (which the READ would not wait for; one made after the open began shows as
+    /// a change, see `read_along_for`), within [`READ_ALONG_BYTES`] mount-wide. One byte more than its size is asked for, so
     /// a short answer says where the file ends. What was read is used for the kernel's reads
     /// while younger than the attribute TTL and nothing changed the file through the mount
     /// ([`Fs::read_along_for`]): as fresh as a read right after the open.
@@ -3041,7 +3083,7 @@ impl<R: Remote> Fs<R> {
             Some(size) => (size, false),
             None => (prefetch::SMALL_FILE_MAX, true),
         };
-        if size > prefetch::SMALL_FILE_MAX || self.any_open_file(ino).is_some() {
+        if size > prefetch::SMALL_FILE_MAX || !self.writers_of(ino).is_empty() {
             return None;
         }
         let len = (size + 1).min(u64::from(self.remote.limits().max_read));

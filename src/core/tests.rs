@@ -858,8 +858,9 @@ async fn read_along_answers_the_first_reads() {
 
 /// What was read along is as fresh as a read right after the open: a write through the mount
 /// afterwards, or the attribute TTL, sends the kernel's reads to the server; and nothing is
-/// read along while another descriptor of the file is open (a write of ours may still be on
-/// its way, which the READ would not wait for).
+/// read along while a write of ours is on its way (which the READ would not wait for). A
+/// descriptor open for writing with nothing on its way does not keep a read from it (the
+/// kernel's release of a descriptor closed a moment ago may come after the next open).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_along_never_hides_a_change() {
     let h = Harness::new();
@@ -892,10 +893,23 @@ async fn read_along_never_hides_a_change() {
     h.fs.release(r).await.unwrap();
     h.fs.release(w).await.unwrap();
 
+    let w = h.open(f, libc::O_WRONLY).await;
+    h.write(w, 0, b"NEW").await;
+    h.fs.flush(w).await.unwrap();
+    let r = h.open(f, libc::O_RDONLY).await;
+    assert_eq!(
+        along(),
+        2,
+        "not read along beside a descriptor with nothing on its way"
+    );
+    assert_eq!(h.read(r, 0, 4096).await, b"NEW NEW old");
+    h.fs.release(r).await.unwrap();
+    h.fs.release(w).await.unwrap();
+
     // A change on the server shows once the TTL has passed.
     assert_eq!(h.size(f, None).await, 11);
     let r = h.open(f, libc::O_RDONLY).await;
-    assert_eq!(along(), 2);
+    assert_eq!(along(), 3);
     std::fs::write(h.disk("f"), b"server's!!!").unwrap();
     h.fs.expire_cache();
     assert_eq!(h.read(r, 0, 4096).await, b"server's!!!", "past the TTL");
@@ -956,11 +970,7 @@ async fn open_with_o_trunc_truncates_after_writes_on_their_way() {
     h.write(other, 20_000, b"tail").await;
     let setstats = h.plan.calls(ROp::Setstat) + h.plan.calls(ROp::Fsetstat);
     let fh = h.open(f, libc::O_WRONLY | libc::O_TRUNC).await;
-    assert_eq!(
-        h.meta("f").len(),
-        0,
-        "not truncated, or the write landed after"
-    );
+    assert_eq!(h.meta("f").len(), 0, "not truncated by the open");
     let asked = || {
         [ROp::Lstat, ROp::Stat, ROp::Fstat]
             .map(|op| h.plan.calls(op))
@@ -974,6 +984,7 @@ async fn open_with_o_trunc_truncates_after_writes_on_their_way() {
     h.write(fh, 0, b"new").await;
     h.fs.release(fh).await.unwrap();
     h.fs.release(other).await.unwrap();
+    // (Without the wait, the other descriptor's write lands after the truncate.)
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"new");
     assert_eq!(
         h.plan.calls(ROp::Setstat) + h.plan.calls(ROp::Fsetstat),
@@ -4357,6 +4368,47 @@ async fn server_made_links_stale_views_do_not_outlive_the_close() {
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     h.fs.release(zfh).await.unwrap();
+}
+
+/// A server that opens without truncating when TRUNC comes without CREAT (SFTP v3 allows
+/// it; OpenSSH truncates either way): the open truncates the file itself, and the old
+/// content's tail never shows under the new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_with_o_trunc_truncates_on_a_server_that_wants_creat_with_it() {
+    let h = Harness::new();
+    h.plan.set_trunc_only_with_creat(true);
+    std::fs::write(h.disk("f"), b"old and long").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let fh = h.open(f, libc::O_WRONLY | libc::O_TRUNC).await;
+    assert_eq!(h.meta("f").len(), 0);
+    assert_eq!(h.size(f, None).await, 0);
+    h.write(fh, 0, b"new").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"new");
+}
+
+/// Quota: a file rewritten in place (`open(O_TRUNC)`) gives back what it held, also when the
+/// quota does not track its size: rewriting it with as much costs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_an_open_with_o_trunc_gives_back_what_the_file_held() {
+    let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(60_000), Some(10));
+    std::fs::write(h.disk("f"), vec![1u8; 50_000]).unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    // Not tracked (a lookup tracks what it finds; the quota may have dropped it since).
+    quota.forget(f);
+    for round in 0..3 {
+        let fh = h.open(f, libc::O_WRONLY | libc::O_TRUNC).await;
+        assert_eq!(
+            quota.usage().bytes,
+            -50_000,
+            "round {round}: not given back"
+        );
+        h.write(fh, 0, &[2u8; 50_000]).await;
+        h.fs.release(fh).await.unwrap();
+        assert_eq!(quota.usage().bytes, 0, "round {round}");
+    }
 }
 
 /// Quota: a create that finds the file already there (put on the server after the kernel's

@@ -12,6 +12,8 @@
 //!   [`FaultPlan::disconnect_after_next`] drop it at a chosen call. A call in flight when the
 //!   connection drops gets `Disconnected` (its reply is lost; it may have happened);
 //! * [`FaultPlan::set_short_reads`]: reads return at most K bytes;
+//! * [`FaultPlan::set_trunc_only_with_creat`]: an OPEN ignores TRUNC without CREAT, as SFTP v3
+//!   allows a server to;
 //! * [`FaultPlan::set_delay`] / [`FaultPlan::set_op_delay`]: each call waits first;
 //!   [`FaultPlan::hold`]: calls of one [`Op`] wait until [`FaultPlan::release`], for tests
 //!   that must know nothing got through meanwhile (no timing involved);
@@ -131,6 +133,7 @@ struct PlanState {
     /// Bumped at each disconnect: handles of an older generation are stale.
     generation: u64,
     short_reads: Option<u32>,
+    trunc_only_with_creat: bool,
     delay: Option<Duration>,
     op_delays: HashMap<Op, Duration>,
     reply_delays: HashMap<Op, Duration>,
@@ -282,6 +285,7 @@ impl FaultPlan {
         let mut s = self.lock();
         s.injections.clear();
         s.short_reads = None;
+        s.trunc_only_with_creat = false;
         s.delay = None;
         s.op_delays.clear();
         s.reply_delays.clear();
@@ -323,6 +327,12 @@ impl FaultPlan {
     /// Reads return at most `max` bytes (`None`: as many as the remote gives).
     pub fn set_short_reads(&self, max: Option<u32>) {
         self.lock().short_reads = max;
+    }
+
+    /// An OPEN with TRUNC but not CREAT opens without truncating: SFTP v3 defines TRUNC only
+    /// together with CREAT, and a server other than OpenSSH may ignore it alone.
+    pub fn set_trunc_only_with_creat(&self, on: bool) {
+        self.lock().trunc_only_with_creat = on;
     }
 
     /// Every call waits `delay` before going to the remote (an [`FaultPlan::set_op_delay`]
@@ -898,6 +908,10 @@ impl<R: Remote> Remote for FaultyRemote<R> {
 
     async fn open(&self, path: &Path, flags: OpenFlags, perm: u32) -> RemoteResult<Self::Handle> {
         let ticket = self.enter(Op::Open, None).await?;
+        let flags = OpenFlags {
+            truncate: flags.truncate && (flags.create || !self.plan.lock().trunc_only_with_creat),
+            ..flags
+        };
         let result = self.inner.open(path, flags, perm).await;
         self.adopt(ticket, result.map(|h| (h, ())))
             .await
