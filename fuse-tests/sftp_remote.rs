@@ -199,6 +199,14 @@ async fn every_operation() {
     // hardlink
     r.hardlink(&p("d/f"), &p("hard")).await.unwrap();
     assert_eq!(std::fs::metadata(p("hard")).unwrap().nlink(), 2);
+    // ... with the new name's attributes in the same round trip; a link over an existing
+    // name fails as the link, and shows nothing.
+    let size = std::fs::metadata(p("d/f")).unwrap().len();
+    let attrs = r.hardlink_stat(&p("d/f"), &p("hard2")).await.unwrap();
+    assert_eq!(attrs.unwrap().size, Some(size));
+    assert_eq!(std::fs::metadata(p("hard2")).unwrap().nlink(), 3);
+    assert!(r.hardlink_stat(&p("d/f"), &p("hard2")).await.is_err());
+    r.remove(&p("hard2")).await.unwrap();
 
     // read_dir: no . and .., attributes and link counts from the long name
     let mut entries = r.read_dir(&root).await.unwrap();

@@ -2261,12 +2261,15 @@ impl<R: Remote> Fs<R> {
                 ),
             )
         })?;
-        if let Err(e) = self.remote.hardlink(&existing, &new).await {
-            self.enforcer.quota.unreserve_link(ino, size);
-            return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
-        }
         let since = self.cache.lock().unwrap().now();
-        let attrs = self.remote.lstat(&new).await;
+        // The new name's attributes in the same round trip.
+        let attrs = match self.remote.hardlink_stat(&existing, &new).await {
+            Ok(attrs) => attrs,
+            Err(e) => {
+                self.enforcer.quota.unreserve_link(ino, size);
+                return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
+            }
+        };
         let added = self
             .inodes
             .lock()

@@ -502,6 +502,20 @@ pub trait Remote: Send + Sync + 'static {
         existing: &Path,
         new: &Path,
     ) -> impl Future<Output = RemoteResult<()>> + Send;
+    /// [`Remote::hardlink`], then the new name's attributes (LSTAT), which `link` answers the
+    /// kernel with: the outer error is the link's, the inner the LSTAT's. The default asks
+    /// twice; the SFTP remote sends both at once on one channel, which serves them in order
+    /// (one round trip).
+    fn hardlink_stat(
+        &self,
+        existing: &Path,
+        new: &Path,
+    ) -> impl Future<Output = RemoteResult<RemoteResult<Attrs>>> + Send {
+        async move {
+            self.hardlink(existing, new).await?;
+            Ok(self.lstat(new).await)
+        }
+    }
     fn statvfs(&self, path: &Path) -> impl Future<Output = RemoteResult<StatVfs>> + Send;
     /// Canonical absolute form of `path` on the server, following symlinks.
     fn realpath(&self, path: &Path) -> impl Future<Output = RemoteResult<PathBuf>> + Send;

@@ -1299,6 +1299,25 @@ impl Remote for SftpRemote {
         expect_ok(codec::EXT_HARDLINK, r)
     }
 
+    async fn hardlink_stat(
+        &self,
+        existing: &Path,
+        new: &Path,
+    ) -> RemoteResult<RemoteResult<Attrs>> {
+        let c = self.inner.conn().await?;
+        if !c.ext.hardlink {
+            return Err(RemoteError::Unsupported(codec::EXT_HARDLINK));
+        }
+        let ch = c.pick();
+        let linked = ch.send(&Request::Hardlink { existing, new }).await?;
+        let stat = ch.send(&Request::Lstat { path: new }).await;
+        expect_ok(codec::EXT_HARDLINK, linked.wait().await?)?;
+        Ok(match stat {
+            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
+            Err(e) => Err(e),
+        })
+    }
+
     async fn statvfs(&self, path: &Path) -> RemoteResult<StatVfs> {
         let c = self.inner.conn().await?;
         if !c.ext.statvfs {
