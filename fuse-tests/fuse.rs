@@ -656,8 +656,9 @@ fn small_files_are_read_along_with_their_open() {
 /// the longer old content are gone, and the read back gets its bytes and attributes along
 /// with its open although the writes left them unknown (whether or not the kernel's release
 /// of the writing descriptor came first). A write through another descriptor before the
-/// rewrite does not show after it (the core test `open_with_o_trunc_truncates_after_writes_
-/// on_their_way` holds such a write back to check the order).
+/// rewrite does not show after it (a core test,
+/// `open_with_o_trunc_truncates_after_writes_on_their_way`, holds such a write back to check
+/// the order).
 #[test]
 fn rewritten_in_place_and_read_back() {
     let m = TestMount::start(&[]);

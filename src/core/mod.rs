@@ -2264,6 +2264,9 @@ impl<R: Remote> Fs<R> {
         let since = self.cache.lock().unwrap().now();
         // The new name's attributes in the same round trip.
         let attrs = match self.remote.hardlink_stat(&existing, &new).await {
+            // The link is made; the connection went before the LSTAT's answer: ask again
+            // (on the new connection, with `reconnect`).
+            Ok(Err(e)) if e.is_connection_error() => self.remote.lstat(&new).await,
             Ok(attrs) => attrs,
             Err(e) => {
                 self.enforcer.quota.unreserve_link(ino, size);
@@ -2283,12 +2286,14 @@ impl<R: Remote> Fs<R> {
                 .finish_create(new_parent, new_name, &new, None, None, None)
                 .await;
         }
-        // The link count and the ctime changed: every name of it shows that.
+        // The link count and the ctime changed: every name of it shows that, with the
+        // attributes the LSTAT saw, unless something changed the file through the mount
+        // since it was sent.
         self.status_changed(ino);
-        self.attrs_changed(ino, None);
         let attrs = match attrs {
             Ok(a) => a,
             Err(e) => {
+                self.attrs_changed(ino, None);
                 self.cache
                     .lock()
                     .unwrap()
@@ -2296,6 +2301,8 @@ impl<R: Remote> Fs<R> {
                 return Err(self.explain(Op::Lookup, e, &new, None).await);
             }
         };
+        let fresh = self.writers_of(ino).is_empty()
+            && !self.cache.lock().unwrap().changed_since(ino, since);
         self.cache.lock().unwrap().name_added(
             new_parent,
             DirEntry {
@@ -2304,8 +2311,8 @@ impl<R: Remote> Fs<R> {
                 nlink: None,
             },
         );
+        self.attrs_changed(ino, fresh.then_some(attrs));
         let attrs = self.with_pending_size(ino, attrs);
-        self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since);
         Ok(self.entry(self.make_attr(ino, &attrs, None)))
     }
 
@@ -2523,7 +2530,8 @@ impl<R: Remote> Fs<R> {
     /// TRUNC, and an LSTAT in the same round trip for the attributes the kernel asks right
     /// after (its own are stale, and `fstat` follows nearly every open). That is two round
     /// trips less than a setattr after the open (a SETSTAT, then an LSTAT) for every tool
-    /// that rewrites a file in place.
+    /// that rewrites a file in place. A round trip more only when the quota does not track
+    /// the file's size (it is given back), or when the server ignored TRUNC (below).
     async fn open_truncating(
         self: &Arc<Self>,
         ino: Ino,
@@ -2535,37 +2543,23 @@ impl<R: Remote> Fs<R> {
         // descriptor knew of the file is stale.
         self.forget_created(ino);
         self.drain_inode(ino).await;
-        // The lease may have ended while they landed.
-        self.check_writable("open with O_TRUNC")?;
         let quota = &self.enforcer.quota;
         if quota.is_limited() && !quota.knows(ino) {
             // What it holds is given back below: know how much first.
             let size = self.fetch_attrs(ino).await.ok().and_then(|a| a.attrs.size);
             quota.observe(ino, size.unwrap_or(0));
         }
+        // The lease may have ended while the writes landed.
+        self.check_writable("open with O_TRUNC")?;
         let since = self.cache.lock().unwrap().now();
-        let (handle, attrs) = match self.remote.open_stat(path, flags, 0).await {
+        let (handle, attrs) = match self.truncating_open(path, flags).await {
             Ok(o) => o,
-            Err(e) => return Err(self.explain(Op::Open, e, path, None).await),
-        };
-        // (What the LSTAT of a followed symlink shows is the link, not the file.)
-        let mut attrs = Some(attrs).filter(|a| a.file_type() == FileKind::File);
-        let untouched = || {
-            self.writers_of(ino).is_empty() && !self.cache.lock().unwrap().changed_since(ino, since)
-        };
-        if attrs.is_some_and(|a| a.size.is_some_and(|s| s > 0)) && untouched() {
-            // Opened, not truncated: SFTP v3 defines TRUNC only together with CREAT, and a
-            // server other than OpenSSH (which truncates either way) may ignore it alone.
-            let set = SetAttrs {
-                size: Some(0),
-                ..Default::default()
-            };
-            if let Err(e) = self.remote.fsetstat(&handle, set).await {
-                let _ = self.remote.close(&handle).await;
-                return Err(self.explain_sized(Op::Setattr, e, path, 0).await);
+            Err(e) => {
+                // It may have been truncated all the same (a failure after the OPEN).
+                self.attrs_changed(ino, None);
+                return Err(e);
             }
-            attrs = None;
-        }
+        };
         // Truncated: what was written beyond the new size no longer counts.
         for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
             f.written_end.fetch_min(0, Ordering::Relaxed);
@@ -2573,12 +2567,50 @@ impl<R: Remote> Fs<R> {
         self.status_changed(ino);
         // As the server showed it right after the truncate, unless something changed it
         // through the mount since.
-        let known = attrs.filter(|_| untouched());
-        self.attrs_changed(ino, known);
+        let untouched = self.writers_of(ino).is_empty()
+            && !self.cache.lock().unwrap().changed_since(ino, since);
+        self.attrs_changed(ino, attrs.filter(|_| untouched));
         if quota.knows(ino) {
             let _ = quota.resize(ino, 0);
         }
         Ok(handle)
+    }
+
+    /// The OPEN of [`Fs::open_truncating`]: the handle, and the file's attributes right after
+    /// (None if the LSTAT showed a followed symlink, or the size had to be set).
+    async fn truncating_open(
+        &self,
+        path: &Path,
+        flags: OpenFlags,
+    ) -> FsResult<(R::Handle, Option<Attrs>)> {
+        let (handle, attrs) = match self.remote.open_stat(path, flags, 0).await {
+            Ok(o) => o,
+            Err(e) => return Err(self.explain(Op::Open, e, path, None).await),
+        };
+        // (What the LSTAT of a followed symlink shows is the link, not the file.)
+        let attrs = Some(attrs).filter(|a| a.file_type() == FileKind::File);
+        if attrs.is_none_or(|a| a.size.is_none_or(|s| s == 0)) {
+            return Ok((handle, attrs));
+        }
+        // Opened, not truncated: SFTP v3 defines TRUNC only together with CREAT, and a server
+        // other than OpenSSH (which truncates either way) may ignore it alone. (On OpenSSH
+        // the size shows only a write that came in between, from another client or another
+        // descriptor, and so was at the same time as the open: it may go before the
+        // truncate, as it does here.)
+        let set = SetAttrs {
+            size: Some(0),
+            ..Default::default()
+        };
+        let sized = match flags.write {
+            true => self.remote.fsetstat(&handle, set).await,
+            // (A handle opened for reading cannot be truncated through.)
+            false => self.remote.setstat(path, set).await,
+        };
+        if let Err(e) = sized {
+            let _ = self.remote.close(&handle).await;
+            return Err(self.explain_sized(Op::Setattr, e, path, 0).await);
+        }
+        Ok((handle, None))
     }
 
     pub async fn create(
@@ -3056,22 +3088,22 @@ impl<R: Remote> Fs<R> {
             .is_some_and(|f| f.stream.has_lost_writes())
     }
 
-    /// How many bytes to read along with the open of `ino` (see `Remote::open_read`), if
-    /// any, and whether to ask its attributes along too. A small file opened for reading is
-    /// read right away, by nearly every tool that opens one (`git`'s objects, a compiler's
-    /// headers, an interpreter's modules): with the READ sent behind the OPEN that is one
-    /// round trip for both instead of two. Only a regular file of known size up to
-    /// `prefetch::SMALL_FILE_MAX` (one READ), or of unknown size, with no write of ours to it
-    /// on its way (which the READ would not wait for; one made after the open began shows as
-    /// a change, see `read_along_for`), within [`READ_ALONG_BYTES`] mount-wide. One byte more than its size is asked for, so
-    /// a short answer says where the file ends. What was read is used for the kernel's reads
-    /// while younger than the attribute TTL and nothing changed the file through the mount
-    /// ([`Fs::read_along_for`]): as fresh as a read right after the open.
-    /// The size is not known after a change through the mount (a file written and closed,
-    /// then read back: an editor's save, a tool's output) or past the TTL, and the kernel
-    /// then asks the attributes right after the open (`fstat`, or its own check before a
-    /// read): they come along (an FSTAT of the new handle), and as much is read as a small
-    /// file holds. That makes open, `fstat` and first read one round trip instead of three.
+    /// How many bytes to read along with the open of `ino` (see `Remote::open_read`), if any, and
+    /// whether to ask its attributes along too. A small file opened for reading is read right away,
+    /// by nearly every tool that opens one (`git`'s objects, a compiler's headers, an interpreter's
+    /// modules): with the READ sent behind the OPEN that is one round trip for both instead of two.
+    /// Only a regular file of known size up to `prefetch::SMALL_FILE_MAX` (one READ), or of unknown
+    /// size, with no write of ours to it on its way (which the READ would not wait for; one made
+    /// after the open began shows as a change, see `read_along_for`), within [`READ_ALONG_BYTES`]
+    /// mount-wide. One byte more than its size is asked for, so a short answer says where the file
+    /// ends. What was read is used for the kernel's reads while younger than the attribute TTL and
+    /// nothing changed the file through the mount ([`Fs::read_along_for`]): as fresh as a read
+    /// right after the open.
+    /// The size is not known after a change through the mount (a file written and closed, then read
+    /// back: an editor's save, a tool's output) or past the TTL, and the kernel then asks the
+    /// attributes right after the open (`fstat`, or its own check before a read): they come along
+    /// (an FSTAT of the new handle), and as much is read as a small file holds. That makes open,
+    /// `fstat` and first read one round trip instead of three.
     fn read_along_len(&self, ino: Ino) -> Option<(u32, bool)> {
         if self.attr_ttl_for(ino).is_zero()
             || self.inodes.lock().unwrap().kind(ino) != Some(FileKind::File)

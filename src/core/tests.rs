@@ -4370,6 +4370,39 @@ async fn server_made_links_stale_views_do_not_outlive_the_close() {
     h.fs.release(zfh).await.unwrap();
 }
 
+/// An open with O_TRUNC that fails after the server truncated (the attributes' answer lost):
+/// the error is reported, and the size the mount knew is not shown any more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_with_o_trunc_failing_after_the_truncate_forgets_the_size() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"ten bytes!").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    assert_eq!(h.size(f, None).await, 10);
+    h.plan.fail_next(
+        ROp::Fstat,
+        1,
+        RemoteError::Status(Status::Failure, "lost".into()),
+    );
+    let open = h.fs.open(f, as_root(libc::O_WRONLY | libc::O_TRUNC)).await;
+    assert!(open.is_err(), "the open succeeded");
+    assert_eq!(h.meta("f").len(), 0, "the server did not truncate");
+    assert_eq!(h.size(f, None).await, 0, "the old size still shown");
+}
+
+/// A link made, whose LSTAT's answer went with the connection: link(2) asks again and
+/// succeeds (the link is there), instead of failing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_made_with_its_stat_lost_to_the_connection_succeeds() {
+    let h = Harness::new();
+    std::fs::write(h.disk("a"), b"data").unwrap();
+    let a = h.lookup(ROOT, "a").await;
+    h.plan
+        .fail_next(ROp::Lstat, 1, RemoteError::Disconnected("lost".into()));
+    let e = h.fs.link(a, ROOT, os("b")).await.unwrap();
+    assert_eq!((e.attr.ino, e.attr.size), (a, 4));
+    assert_eq!(std::fs::metadata(h.disk("b")).unwrap().nlink(), 2);
+}
+
 /// A server that opens without truncating when TRUNC comes without CREAT (SFTP v3 allows
 /// it; OpenSSH truncates either way): the open truncates the file itself, and the old
 /// content's tail never shows under the new.

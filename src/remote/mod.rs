@@ -261,7 +261,8 @@ pub struct StatVfs {
 /// not sent, or failed (ask again the ordinary way).
 #[derive(Debug, Clone, Default)]
 pub struct Along {
-    /// The open file's attributes (FSTAT of the new handle).
+    /// The open file's attributes (FSTAT of the new handle; where the core fills one from
+    /// [`Remote::open_stat`], an LSTAT of the path, which shows a symlink as the link).
     pub attrs: Option<Attrs>,
     /// The file's first bytes (fewer than asked for: the file ends there).
     pub data: Option<Bytes>,
