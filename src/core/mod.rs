@@ -2286,14 +2286,19 @@ impl<R: Remote> Fs<R> {
                 .finish_create(new_parent, new_name, &new, None, None, None)
                 .await;
         }
-        // The link count and the ctime changed: every name of it shows that, with the
-        // attributes the LSTAT saw, unless something changed the file through the mount
-        // since it was sent.
+        // The link count and the ctime changed: every name of it shows that.
         self.status_changed(ino);
+        self.attrs_changed(ino, None);
+        // With `follow_symlinks` a symlink is shown as what it points to, and the server
+        // linked the symlink itself: the new name is asked the way the inode is shown.
+        let kind = self.inodes.lock().unwrap().kind(ino);
+        let attrs = match attrs {
+            Ok(a) if kind.is_some_and(|k| k != a.file_type()) => self.stat_as(&new, kind).await,
+            other => other,
+        };
         let attrs = match attrs {
             Ok(a) => a,
             Err(e) => {
-                self.attrs_changed(ino, None);
                 self.cache
                     .lock()
                     .unwrap()
@@ -2301,8 +2306,6 @@ impl<R: Remote> Fs<R> {
                 return Err(self.explain(Op::Lookup, e, &new, None).await);
             }
         };
-        let fresh = self.writers_of(ino).is_empty()
-            && !self.cache.lock().unwrap().changed_since(ino, since);
         self.cache.lock().unwrap().name_added(
             new_parent,
             DirEntry {
@@ -2311,8 +2314,8 @@ impl<R: Remote> Fs<R> {
                 nlink: None,
             },
         );
-        self.attrs_changed(ino, fresh.then_some(attrs));
         let attrs = self.with_pending_size(ino, attrs);
+        self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since);
         Ok(self.entry(self.make_attr(ino, &attrs, None)))
     }
 
@@ -2555,15 +2558,15 @@ impl<R: Remote> Fs<R> {
         let (handle, attrs) = match self.truncating_open(path, flags).await {
             Ok(o) => o,
             Err(e) => {
-                // It may have been truncated all the same (a failure after the OPEN).
+                // It may have been truncated all the same (a failure after the OPEN): what
+                // the mount and the kernel knew of it goes.
+                self.truncated(ino);
                 self.attrs_changed(ino, None);
+                self.kernel_caches.invalidate(vec![ino]);
                 return Err(e);
             }
         };
-        // Truncated: what was written beyond the new size no longer counts.
-        for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
-            f.written_end.fetch_min(0, Ordering::Relaxed);
-        }
+        self.truncated(ino);
         self.status_changed(ino);
         // As the server showed it right after the truncate, unless something changed it
         // through the mount since.
@@ -2576,8 +2579,16 @@ impl<R: Remote> Fs<R> {
         Ok(handle)
     }
 
+    /// `ino` was truncated to nothing: what its descriptors wrote beyond that no longer
+    /// counts for the size shown while writes are on their way.
+    fn truncated(&self, ino: Ino) {
+        for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
+            f.written_end.fetch_min(0, Ordering::Relaxed);
+        }
+    }
+
     /// The OPEN of [`Fs::open_truncating`]: the handle, and the file's attributes right after
-    /// (None if the LSTAT showed a followed symlink, or the size had to be set).
+    /// (None if they are not a regular file's, or the size had to be set).
     async fn truncating_open(
         &self,
         path: &Path,
@@ -2587,9 +2598,15 @@ impl<R: Remote> Fs<R> {
             Ok(o) => o,
             Err(e) => return Err(self.explain(Op::Open, e, path, None).await),
         };
-        // (What the LSTAT of a followed symlink shows is the link, not the file.)
-        let attrs = Some(attrs).filter(|a| a.file_type() == FileKind::File);
-        if attrs.is_none_or(|a| a.size.is_none_or(|s| s == 0)) {
+        let attrs = match attrs.file_type() {
+            // A followed symlink: its LSTAT shows the link; the handle shows the file.
+            FileKind::Symlink => self.remote.fstat(&handle).await.ok(),
+            _ => Some(attrs),
+        };
+        let attrs = attrs.filter(|a| a.file_type() == FileKind::File);
+        // (O_RDONLY|O_TRUNC, which POSIX leaves unspecified, is not truncated again: a handle
+        // opened for reading cannot be, and the name may lead to another file by now.)
+        if attrs.is_none_or(|a| a.size.is_none_or(|s| s == 0)) || !flags.write {
             return Ok((handle, attrs));
         }
         // Opened, not truncated: SFTP v3 defines TRUNC only together with CREAT, and a server
@@ -2601,12 +2618,7 @@ impl<R: Remote> Fs<R> {
             size: Some(0),
             ..Default::default()
         };
-        let sized = match flags.write {
-            true => self.remote.fsetstat(&handle, set).await,
-            // (A handle opened for reading cannot be truncated through.)
-            false => self.remote.setstat(path, set).await,
-        };
-        if let Err(e) = sized {
+        if let Err(e) = self.remote.fsetstat(&handle, set).await {
             let _ = self.remote.close(&handle).await;
             return Err(self.explain_sized(Op::Setattr, e, path, 0).await);
         }

@@ -4403,6 +4403,31 @@ async fn link_made_with_its_stat_lost_to_the_connection_succeeds() {
     assert_eq!(std::fs::metadata(h.disk("b")).unwrap().nlink(), 2);
 }
 
+/// With `follow_symlinks` a symlink is shown as the file it points to; a hard link to it
+/// links the symlink itself on the server (link(2) does not follow), and the new name is
+/// shown as the inode is, a file, never as a symlink (the kernel would mark the inode bad).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn link_of_a_followed_symlink_shows_the_file() {
+    let h = Harness::with(
+        FsConfig {
+            follow_symlinks: true,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    std::fs::write(h.disk("t"), b"12345").unwrap();
+    std::os::unix::fs::symlink("t", h.disk("l")).unwrap();
+    let l = h.lookup(ROOT, "l").await;
+    let e = h.fs.link(l, ROOT, os("l2")).await.unwrap();
+    assert_eq!((e.attr.ino, e.attr.kind, e.attr.size), (l, FileKind::File, 5));
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    let item = items.iter().find(|i| i.name == "l2").expect("l2 listed");
+    let e = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
+    assert_eq!((e.attr.kind, e.attr.size), (FileKind::File, 5), "listed");
+    h.fs.releasedir(dh);
+}
+
 /// A server that opens without truncating when TRUNC comes without CREAT (SFTP v3 allows
 /// it; OpenSSH truncates either way): the open truncates the file itself, and the old
 /// content's tail never shows under the new.
