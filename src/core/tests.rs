@@ -4419,7 +4419,10 @@ async fn link_of_a_followed_symlink_shows_the_file() {
     std::os::unix::fs::symlink("t", h.disk("l")).unwrap();
     let l = h.lookup(ROOT, "l").await;
     let e = h.fs.link(l, ROOT, os("l2")).await.unwrap();
-    assert_eq!((e.attr.ino, e.attr.kind, e.attr.size), (l, FileKind::File, 5));
+    assert_eq!(
+        (e.attr.ino, e.attr.kind, e.attr.size),
+        (l, FileKind::File, 5)
+    );
     let dh = h.fs.opendir(ROOT).await.unwrap();
     let items = h.fs.readdir(dh, 0).await.unwrap();
     let item = items.iter().find(|i| i.name == "l2").expect("l2 listed");
