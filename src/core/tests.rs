@@ -78,6 +78,17 @@ impl Harness {
         Self::with(config(long_ttls()), None)
     }
 
+    /// Mounted with `follow_symlinks` (a symlink shown as what it points to), long TTLs.
+    fn following_symlinks() -> Self {
+        Self::with(
+            FsConfig {
+                follow_symlinks: true,
+                ..config(long_ttls())
+            },
+            None,
+        )
+    }
+
     fn with(config: FsConfig, limits: Option<Limits>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
@@ -3235,13 +3246,7 @@ async fn reconnect_unlinked_open_file_is_eio() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn follow_symlinks_shows_targets() {
-    let h = Harness::with(
-        FsConfig {
-            follow_symlinks: true,
-            ..config(long_ttls())
-        },
-        None,
-    );
+    let h = Harness::following_symlinks();
     std::fs::write(h.disk("t"), b"12345").unwrap();
     std::fs::create_dir(h.disk("d")).unwrap();
     std::fs::write(h.disk("d/inside"), b"").unwrap();
@@ -4408,13 +4413,7 @@ async fn link_made_with_its_stat_lost_to_the_connection_succeeds() {
 /// shown as the inode is, a file, never as a symlink (the kernel would mark the inode bad).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn link_of_a_followed_symlink_shows_the_file() {
-    let h = Harness::with(
-        FsConfig {
-            follow_symlinks: true,
-            ..config(long_ttls())
-        },
-        None,
-    );
+    let h = Harness::following_symlinks();
     std::fs::write(h.disk("t"), b"12345").unwrap();
     std::os::unix::fs::symlink("t", h.disk("l")).unwrap();
     let l = h.lookup(ROOT, "l").await;
@@ -5016,13 +5015,7 @@ async fn posix_unlinked_open_file_has_nlink_0() {
 /// stays its target. The kernel marks an inode whose type changes bad (EIO).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posix_follow_symlinks_inode_kind_never_changes() {
-    let h = Harness::with(
-        FsConfig {
-            follow_symlinks: true,
-            ..config(long_ttls())
-        },
-        None,
-    );
+    let h = Harness::following_symlinks();
     let (_, fh) = h.create(ROOT, "f").await;
     h.fs.release(fh).await.unwrap();
     let made =
