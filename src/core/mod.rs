@@ -1570,10 +1570,7 @@ impl<R: Remote> Fs<R> {
             return Ok(self.make_attr(ino, &attrs, None));
         }
         if let Some(size) = req.size {
-            // Truncated: what was written beyond the new size no longer counts.
-            for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
-                f.written_end.fetch_min(size, Ordering::Relaxed);
-            }
+            self.truncated(ino, size);
         }
         if let Some(f) = &file {
             let h = f.handle().await;
@@ -2560,13 +2557,13 @@ impl<R: Remote> Fs<R> {
             Err(e) => {
                 // It may have been truncated all the same (a failure after the OPEN): what
                 // the mount and the kernel knew of it goes.
-                self.truncated(ino);
+                self.truncated(ino, 0);
                 self.attrs_changed(ino, None);
                 self.kernel_caches.invalidate(vec![ino]);
                 return Err(e);
             }
         };
-        self.truncated(ino);
+        self.truncated(ino, 0);
         self.status_changed(ino);
         // As the server showed it right after the truncate, unless something changed it
         // through the mount since.
@@ -2579,11 +2576,11 @@ impl<R: Remote> Fs<R> {
         Ok(handle)
     }
 
-    /// `ino` was truncated to nothing: what its descriptors wrote beyond that no longer
+    /// `ino` was truncated to `size`: what its descriptors wrote beyond that no longer
     /// counts for the size shown while writes are on their way.
-    fn truncated(&self, ino: Ino) {
+    fn truncated(&self, ino: Ino, size: u64) {
         for f in self.files.lock().unwrap().values().filter(|f| f.ino == ino) {
-            f.written_end.fetch_min(0, Ordering::Relaxed);
+            f.written_end.fetch_min(size, Ordering::Relaxed);
         }
     }
 

@@ -37,7 +37,7 @@ use tracing::{debug, info, warn};
 pub use config::{CertificateSource, HostKeyPolicy, Identity, ReconnectPolicy, SshConfig};
 pub use connect::{ConnectError, ConnectErrorKind};
 
-use self::channel::{DeathSignal, SftpChannel, StartError};
+use self::channel::{DeathSignal, PendingReply, SftpChannel, StartError};
 use self::codec::{Request, Response};
 use self::connect::SshHandle;
 use crate::remote::{
@@ -521,6 +521,12 @@ fn expect_attrs(op: &str, r: Response) -> RemoteResult<Attrs> {
     }
 }
 
+/// The attributes a request already sent (`sent`; its error if it could not be) is answered
+/// with: an LSTAT or FSTAT sent behind another request on the same channel.
+async fn attrs_answer(op: &str, sent: RemoteResult<PendingReply>) -> RemoteResult<Attrs> {
+    expect_attrs(op, sent?.wait().await?)
+}
+
 fn expect_handle(op: &str, r: Response) -> RemoteResult<Bytes> {
     match r {
         Response::Handle(h) => Ok(h),
@@ -843,11 +849,7 @@ impl SftpRemote {
             channel: ch,
             generation: c.generation,
         };
-        let attrs = match stat {
-            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
-            Err(e) => Err(e),
-        };
-        Ok((handle, attrs))
+        Ok((handle, attrs_answer("LSTAT", stat).await))
     }
 
     fn channel_index(c: &Connection, ch: &SftpChannel) -> usize {
@@ -1312,10 +1314,7 @@ impl Remote for SftpRemote {
         let linked = ch.send(&Request::Hardlink { existing, new }).await?;
         let stat = ch.send(&Request::Lstat { path: new }).await;
         expect_ok(codec::EXT_HARDLINK, linked.wait().await?)?;
-        Ok(match stat {
-            Ok(pending) => pending.wait().await.and_then(|r| expect_attrs("LSTAT", r)),
-            Err(e) => Err(e),
-        })
+        Ok(attrs_answer("LSTAT", stat).await)
     }
 
     async fn statvfs(&self, path: &Path) -> RemoteResult<StatVfs> {
