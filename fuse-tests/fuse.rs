@@ -686,6 +686,51 @@ fn rewritten_in_place_and_read_back() {
     assert_eq!(fs::read(m.e("f")).unwrap(), b"x");
 }
 
+/// A copy as `shutil.copy2` makes one (pip installs with it): create, write, close, then the
+/// times and the mode set by path. The writes left the file's size and mtime unknown to the
+/// mount, so the answer to the times is asked along with the SETSTAT (one round trip); what
+/// the kernel is told, and keeps, is the server's.
+#[test]
+fn times_set_by_path_after_writes_are_answered_with_attributes_asked_along() {
+    let m = TestMount::start(&[]);
+    for (i, len) in [0usize, 5_000, 300_000].into_iter().enumerate() {
+        let name = format!("copy{i}");
+        let data = pattern(i as u64, len);
+        fs::write(m.p(&name), &data).unwrap();
+        let along = status_counter(&m.mnt, "setattrs_stat_along");
+        set_times(
+            &m.p(&name),
+            Some((1_400_000_000, 0)),
+            Some((1_500_000_000, 0)),
+        )
+        .unwrap();
+        assert_eq!(
+            status_counter(&m.mnt, "setattrs_stat_along") - along,
+            1,
+            "{name}: attributes not asked along with the times"
+        );
+        fs::set_permissions(m.p(&name), fs::Permissions::from_mode(0o640)).unwrap();
+        let shown = fs::metadata(m.p(&name)).unwrap();
+        let server = fs::metadata(m.e(&name)).unwrap();
+        assert_eq!(
+            (shown.len(), shown.mtime(), shown.mode() & 0o7777),
+            (len as u64, 1_500_000_000, 0o640),
+            "{name}: shown"
+        );
+        assert_eq!(
+            (
+                server.len(),
+                server.mtime(),
+                server.atime(),
+                server.mode() & 0o7777
+            ),
+            (len as u64, 1_500_000_000, 1_400_000_000, 0o640),
+            "{name}: on the server"
+        );
+        assert_same_bytes(&fs::read(m.p(&name)).unwrap(), &data, &name);
+    }
+}
+
 /// The kernel keeps its cached pages of a file from one open to the next while they are
 /// younger than the attribute TTL and nothing shows a change (`keep_cache`): a second read
 /// does not cross the link, nor does its open. A change made on the server that neither the size nor the mtime

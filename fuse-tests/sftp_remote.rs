@@ -208,6 +208,43 @@ async fn every_operation() {
     assert!(r.hardlink_stat(&p("d/f"), &p("hard2")).await.is_err());
     r.remove(&p("hard2")).await.unwrap();
 
+    // setstat and fsetstat with the attributes after the change in the same round trip; a
+    // change that fails shows nothing.
+    let attrs = r
+        .setstat_lstat(
+            &p("d/f"),
+            SetAttrs {
+                size: Some(2),
+                atime_mtime: Some((1_300_000_000, 1_300_000_000)),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((attrs.size, attrs.mtime), (Some(2), Some(1_300_000_000)));
+    assert_eq!(std::fs::metadata(p("d/f")).unwrap().len(), 2);
+    let e = r
+        .setstat_lstat(
+            &p("d/nope"),
+            SetAttrs {
+                perm: Some(0o600),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status(e), Status::NoSuchFile);
+    let h = r.open(&p("d/f"), rw_create(), 0o644).await.unwrap();
+    let set = SetAttrs {
+        size: Some(7),
+        ..Default::default()
+    };
+    let attrs = r.fsetstat_fstat(&h, set).await.unwrap().unwrap();
+    assert_eq!(attrs.size, Some(7));
+    assert_eq!(std::fs::metadata(p("d/f")).unwrap().len(), 7);
+    r.close(&h).await.unwrap();
+
     // read_dir: no . and .., attributes and link counts from the long name
     let mut entries = r.read_dir(&root).await.unwrap();
     entries.sort_by(|a, b| a.name.cmp(&b.name));

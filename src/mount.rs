@@ -821,6 +821,7 @@ fn control_handlers(
                 "opens_fetched_ahead": stats.opens_fetched_ahead.load(Relaxed),
                 "opens_read_along": stats.opens_read_along.load(Relaxed),
                 "opens_deferred": stats.opens_deferred.load(Relaxed),
+                "setattrs_stat_along": stats.setattrs_stat_along.load(Relaxed),
                 "dirs_listed_ahead": stats.dirs_listed_ahead.load(Relaxed),
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),

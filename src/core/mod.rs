@@ -200,6 +200,9 @@ pub struct Stats {
     /// Opens answered without the server while the kernel keeps its pages (see
     /// [`Fs::open_deferred`]).
     pub opens_deferred: AtomicU64,
+    /// Attribute changes answered with attributes asked for right behind the change, in the
+    /// same round trip (see [`Remote::setstat_lstat`]).
+    pub setattrs_stat_along: AtomicU64,
     /// Unlinks answered before the server's answer (see `remove_behind`).
     pub unlinks_behind: AtomicU64,
     /// Writes (and attribute changes behind them) on the wire when the connection was lost,
@@ -1503,10 +1506,37 @@ impl<R: Remote> Fs<R> {
             _ => None,
         };
 
+        // Only the mode (without set-id bits), the owner or times changed and we know the
+        // rest: the new attributes are known without asking. A size change also moves the
+        // mtime: ask then. So do a mode with set-id bits (the server may refuse to set
+        // S_ISGID), and a chown of a non-directory that has set-id bits, which Linux clears
+        // (tar sets owner, mode and times of every file it extracts: one round trip each).
+        let known_now = || {
+            let known = if req.size.is_none() && set.perm.is_none_or(|p| p & 0o6000 == 0) {
+                current.or_else(|| self.cache.lock().unwrap().get_attrs(ino).map(|c| c.attrs))
+            } else {
+                None
+            };
+            known.filter(|a| {
+                set.uid_gid.is_none()
+                    || a.file_type() == FileKind::Dir
+                    || a.mode.is_some_and(|m| m & 0o6000 == 0)
+            })
+        };
+        // Otherwise they are asked right behind the change, in the same round trip (a file's
+        // times set by path after its writes, as `shutil.copy2` and `touch -r` do, or a
+        // truncate): trusted if nothing else changed the inode through the mount meanwhile.
+        let ask_along = known_now().is_none();
+        let since = self.cache.lock().unwrap().now();
+        let mut along = None;
         if !set.is_empty() {
+            let remote = &self.remote;
             let result = match (&file, kind) {
+                (Some(f), _) if ask_along => self
+                    .with_handle(f, |h| async move { remote.fsetstat_fstat(&h, set).await })
+                    .await
+                    .map(|a| along = a.ok()),
                 (Some(f), _) => {
-                    let remote = &self.remote;
                     self.with_handle(f, |h| async move { remote.fsetstat(&h, set).await })
                         .await
                 }
@@ -1515,12 +1545,16 @@ impl<R: Remote> Fs<R> {
                         // Linux has no permissions on symlinks.
                         return Err(FsError::new(libc::EOPNOTSUPP, "chmod of a symlink"));
                     }
-                    self.remote
+                    remote
                         .lsetstat(path.as_ref().map_err(Clone::clone)?, set)
                         .await
                 }
+                (None, _) if ask_along => remote
+                    .setstat_lstat(path.as_ref().map_err(Clone::clone)?, set)
+                    .await
+                    .map(|a| along = a.ok()),
                 (None, _) => {
-                    self.remote
+                    remote
                         .setstat(path.as_ref().map_err(Clone::clone)?, set)
                         .await
                 }
@@ -1537,21 +1571,17 @@ impl<R: Remote> Fs<R> {
             }
             self.status_changed(ino);
         }
-        // Only the mode (without set-id bits), the owner or times changed and we know the
-        // rest: the new attributes are known without asking. A size change also moves the
-        // mtime: ask then. So do a mode with set-id bits (the server may refuse to set
-        // S_ISGID), and a chown of a non-directory that has set-id bits, which Linux clears
-        // (tar sets owner, mode and times of every file it extracts: one round trip each).
-        let known = if req.size.is_none() && set.perm.is_none_or(|p| p & 0o6000 == 0) {
-            current.or_else(|| self.cache.lock().unwrap().get_attrs(ino).map(|c| c.attrs))
-        } else {
-            None
-        };
-        let known = known.filter(|a| {
-            set.uid_gid.is_none()
-                || a.file_type() == FileKind::Dir
-                || a.mode.is_some_and(|m| m & 0o6000 == 0)
-        });
+        // What came along shows this change and nothing after it, unless the inode changed
+        // through the mount meanwhile. By path, only what `fetch_attrs` would take as it is:
+        // not a symlink (a followed link's target is asked for), nor another kind of object.
+        let along = along
+            .filter(|_| !self.cache.lock().unwrap().changed_since(ino, since))
+            .filter(|a| {
+                file.is_some()
+                    || (a.file_type() != FileKind::Symlink
+                        && kind.is_none_or(|k| k == a.file_type()))
+            });
+        let known = known_now();
         self.attrs_changed(ino, None);
         if let Some(mut attrs) = known {
             if let Some(p) = set.perm {
@@ -1572,12 +1602,25 @@ impl<R: Remote> Fs<R> {
         if let Some(size) = req.size {
             self.truncated(ino, size);
         }
+        if along.is_some() {
+            self.stats
+                .setattrs_stat_along
+                .fetch_add(1, Ordering::Relaxed);
+        }
         if let Some(f) = &file {
-            let h = f.handle().await;
-            if let Ok(attrs) = self.remote.fstat(&h).await {
+            let attrs = match along {
+                Some(a) => Some(a),
+                None => self.remote.fstat(&f.handle().await).await.ok(),
+            };
+            if let Some(attrs) = attrs {
                 self.attrs_changed(ino, Some(attrs));
                 return Ok(self.make_attr(ino, &attrs, None));
             }
+        } else if let Some(attrs) = along {
+            // As `fetch_attrs` keeps what it asked.
+            let now = self.cache.lock().unwrap().now();
+            self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, now);
+            return Ok(self.make_attr(ino, &attrs, None));
         }
         let a = self.fetch_attrs(ino).await?;
         Ok(self.make_attr(ino, &a.attrs, a.nlink))

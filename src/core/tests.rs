@@ -3839,6 +3839,61 @@ async fn setattr_owner_mode_times_one_round_trip_each() {
     assert_eq!(h.meta("f").mtime(), 1_500_000_000);
 }
 
+/// Times set by path on a file whose writes left its attributes unknown, as `shutil.copy2`
+/// does after closing the copy (and `touch -r`, or a truncate by path): the answer needs the
+/// size and the rest, which are asked right behind the SETSTAT (`Remote::setstat_lstat`: one
+/// round trip on SFTP) and kept, so a getattr after it asks nothing. Attributes asked along
+/// while another change went through the mount may predate it: they are asked again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setattr_by_path_asks_the_attributes_along() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let along = || h.fs.stats.setattrs_stat_along.load(Ordering::Relaxed);
+    let fh = h.open(f, libc::O_WRONLY).await;
+    h.fs.write(fh, 0, b"0123456789").await.unwrap();
+    h.fs.flush(fh).await.unwrap();
+    let times = |secs: u64| SetattrRequest {
+        atime: at(secs),
+        mtime: at(secs),
+        ..Default::default()
+    };
+    h.plan.reset_counts();
+    let a = h.fs.setattr(f, None, times(1_500_000_000)).await.unwrap();
+    assert_eq!((a.size, secs(a.mtime)), (10, 1_500_000_000), "answer");
+    assert_eq!(along(), 1, "attributes not asked along");
+    let (cached, _) = h.fs.getattr(f, None).await.unwrap();
+    assert_eq!((cached.size, secs(cached.mtime)), (10, 1_500_000_000));
+    assert_eq!(
+        h.plan.call_counts(),
+        [(ROp::Setstat, 1), (ROp::Lstat, 1)].into_iter().collect(),
+        "asked more than the change and its attributes"
+    );
+
+    // A write through the mount lands while the attributes asked along are on their way:
+    // they show the file without it, and must not be what the answer says or the cache keeps.
+    h.fs.write(fh, 10, b"abc").await.unwrap();
+    h.fs.flush(fh).await.unwrap();
+    h.plan.hold_replies(ROp::Lstat);
+    let set = tokio::spawn({
+        let fs = h.fs.clone();
+        async move { fs.setattr(f, None, times(1_600_000_000)).await }
+    });
+    h.plan.until_held(ROp::Lstat, 1).await;
+    h.fs.write(fh, 13, b"def").await.unwrap();
+    h.fs.flush(fh).await.unwrap();
+    h.plan.release(ROp::Lstat);
+    let a = set.await.unwrap().unwrap();
+    assert_eq!(a.size, 16, "answered with attributes from before the write");
+    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.size, 16, "cached");
+    assert_eq!(
+        along(),
+        1,
+        "attributes from before the write counted as used"
+    );
+    h.fs.release(fh).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setattr_on_a_symlink() {
     let h = Harness::new();

@@ -319,6 +319,33 @@ pub trait Remote: Send + Sync + 'static {
         handle: &Self::Handle,
         attrs: SetAttrs,
     ) -> impl Future<Output = RemoteResult<()>> + Send;
+    /// [`Remote::setstat`], then the attributes of `path` itself (LSTAT), for a caller that
+    /// must answer with the attributes the change left (a size or an mtime it cannot work
+    /// out): the outer error is the SETSTAT's, the inner the LSTAT's. The default asks twice;
+    /// the SFTP remote sends both at once on one channel, which serves them in order (one
+    /// round trip).
+    fn setstat_lstat(
+        &self,
+        path: &Path,
+        attrs: SetAttrs,
+    ) -> impl Future<Output = RemoteResult<RemoteResult<Attrs>>> + Send {
+        async move {
+            self.setstat(path, attrs).await?;
+            Ok(self.lstat(path).await)
+        }
+    }
+    /// [`Remote::fsetstat`], then the handle's attributes (FSTAT), as
+    /// [`Remote::setstat_lstat`].
+    fn fsetstat_fstat(
+        &self,
+        handle: &Self::Handle,
+        attrs: SetAttrs,
+    ) -> impl Future<Output = RemoteResult<RemoteResult<Attrs>>> + Send {
+        async move {
+            self.fsetstat(handle, attrs).await?;
+            Ok(self.fstat(handle).await)
+        }
+    }
 
     /// List a whole directory, without `.` and `..`.
     fn read_dir(&self, path: &Path) -> impl Future<Output = RemoteResult<Vec<DirEntry>>> + Send;

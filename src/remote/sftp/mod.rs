@@ -922,6 +922,36 @@ impl Remote for SftpRemote {
         expect_ok("FSETSTAT", r)
     }
 
+    async fn setstat_lstat(
+        &self,
+        path: &Path,
+        attrs: SetAttrs,
+    ) -> RemoteResult<RemoteResult<Attrs>> {
+        self.once_more(true, || async {
+            let c = self.inner.conn().await?;
+            let ch = c.pick();
+            let set = ch.send(&Request::Setstat { path, attrs }).await?;
+            let stat = ch.send(&Request::Lstat { path }).await;
+            expect_ok("SETSTAT", set.wait().await?)?;
+            Ok(attrs_answer("LSTAT", stat).await)
+        })
+        .await
+    }
+
+    async fn fsetstat_fstat(
+        &self,
+        handle: &SftpHandle,
+        attrs: SetAttrs,
+    ) -> RemoteResult<RemoteResult<Attrs>> {
+        let c = self.inner.conn_for(handle)?;
+        let ch = &c.channels[handle.channel];
+        let raw = &handle.raw;
+        let set = ch.send(&Request::Fsetstat { handle: raw, attrs }).await?;
+        let stat = ch.send(&Request::Fstat { handle: raw }).await;
+        expect_ok("FSETSTAT", set.wait().await?)?;
+        Ok(attrs_answer("FSTAT", stat).await)
+    }
+
     async fn read_dir(&self, path: &Path) -> RemoteResult<Vec<DirEntry>> {
         let mut tried_again = false;
         loop {
