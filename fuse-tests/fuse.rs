@@ -687,28 +687,22 @@ fn rewritten_in_place_and_read_back() {
 }
 
 /// A copy as `shutil.copy2` makes one (pip installs with it): create, write, close, then the
-/// times and the mode set by path. The writes left the file's size and mtime unknown to the
-/// mount, so the answer to the times is asked along with the SETSTAT (one round trip); what
-/// the kernel is told, and keeps, is the server's.
+/// times and the mode set by path; and a truncate by path. The truncate's answer needs the
+/// mtime the server gives it, asked along with the SETSTAT (one round trip); what the kernel
+/// is told, and keeps, is the server's.
 #[test]
-fn times_set_by_path_after_writes_are_answered_with_attributes_asked_along() {
+fn setattr_by_path_is_answered_with_the_servers_attributes() {
     let m = TestMount::start(&[]);
     for (i, len) in [0usize, 5_000, 300_000].into_iter().enumerate() {
         let name = format!("copy{i}");
         let data = pattern(i as u64, len);
         fs::write(m.p(&name), &data).unwrap();
-        let along = status_counter(&m.mnt, "setattrs_stat_along");
         set_times(
             &m.p(&name),
             Some((1_400_000_000, 0)),
             Some((1_500_000_000, 0)),
         )
         .unwrap();
-        assert_eq!(
-            status_counter(&m.mnt, "setattrs_stat_along") - along,
-            1,
-            "{name}: attributes not asked along with the times"
-        );
         fs::set_permissions(m.p(&name), fs::Permissions::from_mode(0o640)).unwrap();
         let shown = fs::metadata(m.p(&name)).unwrap();
         let server = fs::metadata(m.e(&name)).unwrap();
@@ -728,7 +722,74 @@ fn times_set_by_path_after_writes_are_answered_with_attributes_asked_along() {
             "{name}: on the server"
         );
         assert_same_bytes(&fs::read(m.p(&name)).unwrap(), &data, &name);
+
+        let along = status_counter(&m.mnt, "setattrs_stat_along");
+        truncate_path(&m.p(&name), 100).unwrap();
+        assert_eq!(
+            status_counter(&m.mnt, "setattrs_stat_along") - along,
+            1,
+            "{name}: attributes not asked along with the truncate"
+        );
+        let shown = fs::metadata(m.p(&name)).unwrap();
+        let server = fs::metadata(m.e(&name)).unwrap();
+        assert_eq!(
+            (shown.len(), shown.mtime()),
+            (100, server.mtime()),
+            "{name}: truncated"
+        );
+        assert_ne!(
+            server.mtime(),
+            1_500_000_000,
+            "{name}: the truncate kept the mtime"
+        );
     }
+}
+
+/// A file written and closed, then `stat`ed, as build tools and Python's bytecode cache do:
+/// what `stat` shows is the server's size and mtime, whether or not the close learnt them
+/// (an FSTAT right behind writes still on their way, see `Fs::attrs_behind_writes`). The
+/// server is paused while a file is written and closed, so the close surely finds its
+/// writes on their way: it learns the attributes then, and shows the server's.
+#[test]
+fn stat_after_close_shows_what_the_writes_left() {
+    let m = TestMount::start(&[]);
+    let check = |name: &str, len: usize| {
+        let shown = fs::metadata(m.p(name)).unwrap();
+        let server = fs::metadata(m.e(name)).unwrap();
+        assert_eq!(
+            (shown.len(), shown.mtime()),
+            (len as u64, server.mtime()),
+            "{name}: shown vs server"
+        );
+        assert_eq!(server.len(), len as u64, "{name} on the server");
+    };
+    for (i, len) in [1usize, 4_000, 200_000, 9_000_000].into_iter().enumerate() {
+        let name = format!("plain{i}");
+        fs::write(m.p(&name), pattern(i as u64, len)).unwrap();
+        check(&name, len);
+    }
+    let learnt = status_counter(&m.mnt, "attrs_along_writes");
+    for round in 0..3 {
+        let name = format!("paused{round}");
+        let len = 3_000 + round;
+        let mut f = File::create(m.p(&name)).unwrap();
+        let paused = m.sshd().pause_sftp_servers();
+        f.write_all(&pattern(round as u64, len)).unwrap();
+        let ops = status_counter(&m.mnt, "ops");
+        let closer = std::thread::spawn(move || drop(f));
+        assert!(
+            poll_until(Duration::from_secs(30), || status_counter(&m.mnt, "ops")
+                > ops),
+            "the close did not reach the mount"
+        );
+        drop(paused);
+        closer.join().unwrap();
+        check(&name, len);
+    }
+    assert!(
+        status_counter(&m.mnt, "attrs_along_writes") > learnt,
+        "no close learnt the attributes its writes left"
+    );
 }
 
 /// The kernel keeps its cached pages of a file from one open to the next while they are

@@ -822,6 +822,7 @@ fn control_handlers(
                 "opens_read_along": stats.opens_read_along.load(Relaxed),
                 "opens_deferred": stats.opens_deferred.load(Relaxed),
                 "setattrs_stat_along": stats.setattrs_stat_along.load(Relaxed),
+                "attrs_along_writes": stats.attrs_along_writes.load(Relaxed),
                 "dirs_listed_ahead": stats.dirs_listed_ahead.load(Relaxed),
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),

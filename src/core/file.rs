@@ -150,6 +150,8 @@ pub(crate) enum WriteJob<R: Remote> {
     },
     /// Answered once every earlier write has been answered.
     Barrier { done: oneshot::Sender<()> },
+    /// Answered once every earlier job is on the wire (answered or not).
+    Sent { done: oneshot::Sender<()> },
     /// Send again what a lost connection took, once there is a connection (see `nudge`).
     CatchUp,
     /// Change attributes through `file`'s handle, after the writes before it.
@@ -205,7 +207,10 @@ impl<R: Remote> WriteStream<R> {
                 .spawn(writer_loop(self.clone(), Arc::downgrade(fs), rx));
             *writer = Some(tx);
         }
-        let is_data = !matches!(job, WriteJob::Barrier { .. } | WriteJob::CatchUp);
+        let is_data = !matches!(
+            job,
+            WriteJob::Barrier { .. } | WriteJob::Sent { .. } | WriteJob::CatchUp
+        );
         if is_data {
             self.queued.fetch_add(1, Ordering::AcqRel);
         }
@@ -548,6 +553,10 @@ pub struct OpenFile<R: Remote> {
     /// An attribute change was queued behind this descriptor's writes: until the queue is
     /// empty, whether the server took it is not known here.
     changed_behind: AtomicBool,
+    /// The change clock when a close of this descriptor learnt the attributes its writes
+    /// left (asked right behind them, see `Fs::attrs_behind_writes`); 0 if none did. Its
+    /// release keeps them unless the file changed through the mount after that.
+    pub attrs_settled_at: AtomicU64,
 }
 
 impl<R: Remote> OpenFile<R> {
@@ -572,6 +581,7 @@ impl<R: Remote> OpenFile<R> {
             created: Mutex::new(None),
             created_mtime: Mutex::new(None),
             changed_behind: AtomicBool::new(false),
+            attrs_settled_at: AtomicU64::new(0),
         }
     }
 
@@ -828,6 +838,20 @@ impl<R: Remote> OpenFile<R> {
             if self.stream.submit(fs, WriteJob::Barrier { done }) {
                 let _ = rx.await;
             }
+        }
+    }
+
+    /// Wait until the file's writer task has put every write queued so far on the wire (a
+    /// write answered early may still wait in its queue): from then on a request through the
+    /// handle they went through is carried out after them (see
+    /// [`OpenFile::writes_ahead_on_own_handle`]). Much sooner than their answers.
+    pub async fn all_sent(self: &Arc<Self>, fs: &Arc<Fs<R>>) {
+        if self.stream.queued.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let (done, rx) = oneshot::channel();
+        if self.stream.submit(fs, WriteJob::Sent { done }) {
+            let _ = rx.await;
         }
     }
 }
@@ -1499,6 +1523,9 @@ async fn writer_loop<R: Remote>(
             WriteJob::Barrier { done } => {
                 catch_up(&stream, &fs, &remote, 0, false).await;
                 unsettled = Unsettled::default();
+                let _ = done.send(());
+            }
+            WriteJob::Sent { done } => {
                 let _ = done.send(());
             }
         }

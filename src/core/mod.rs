@@ -203,6 +203,9 @@ pub struct Stats {
     /// Attribute changes answered with attributes asked for right behind the change, in the
     /// same round trip (see [`Remote::setstat_lstat`]).
     pub setattrs_stat_along: AtomicU64,
+    /// Closes that learnt the attributes the file's writes left, asked right behind them
+    /// (see [`Fs::attrs_behind_writes`]).
+    pub attrs_along_writes: AtomicU64,
     /// Unlinks answered before the server's answer (see `remove_behind`).
     pub unlinks_behind: AtomicU64,
     /// Writes (and attribute changes behind them) on the wire when the connection was lost,
@@ -1041,9 +1044,10 @@ impl<R: Remote> Fs<R> {
     /// through the mount meanwhile (then they may predate that change) or has writes in flight.
     /// They also fill its names' listing entries left unknown by a change (see
     /// [`MetaCache::listing_fill`]).
-    fn cache_attrs_from(&self, ino: Ino, attrs: CachedAttrs, since: u64) {
+    /// Returns whether they were kept.
+    fn cache_attrs_from(&self, ino: Ino, attrs: CachedAttrs, since: u64) -> bool {
         if !self.writers_of(ino).is_empty() {
-            return;
+            return false;
         }
         let names = {
             let mut inodes = self.inodes.lock().unwrap();
@@ -1051,12 +1055,14 @@ impl<R: Remote> Fs<R> {
             inodes.names_of(ino)
         };
         let mut cache = self.cache.lock().unwrap();
-        if !cache.changed_since(ino, since) {
-            cache.put_attrs(ino, attrs);
-            for (parent, name) in names {
-                cache.listing_fill(parent, &name, attrs.attrs);
-            }
+        if cache.changed_since(ino, since) {
+            return false;
         }
+        cache.put_attrs(ino, attrs);
+        for (parent, name) in names {
+            cache.listing_fill(parent, &name, attrs.attrs);
+        }
+        true
     }
 
     /// `ino`'s data or attributes changed through the mount: cached attributes of it are
@@ -3382,6 +3388,7 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let file = self.file(fh)?;
+        self.attrs_behind_writes(&file).await;
         file.settle(self).await;
         if file.flags.write {
             self.written_through_settled(&file).await;
@@ -3394,6 +3401,43 @@ impl<R: Remote> Fs<R> {
         match failure {
             Some(failure) => Err(self.write_failure(&file, failure).await),
             None => Ok(()),
+        }
+    }
+
+    /// At a close that waits for writes on their way, all through `file`'s handle (see
+    /// [`Fs::goes_behind_writes`]): an FSTAT sent now is carried out after them, and answered
+    /// right after them, within the wait. So the attributes the writes leave, which only the
+    /// server knows (it sets the mtime as each lands), are known when the close returns: the
+    /// `stat` that so often follows (make, pip and Python's bytecode, git, an editor's save)
+    /// needs no round trip of its own. They are kept only if nothing else happened meanwhile:
+    /// no write sent again after a lost connection, none failed, no other change of the file
+    /// through the mount.
+    async fn attrs_behind_writes(self: &Arc<Self>, file: &Arc<OpenFile<R>>) {
+        if !file.flags.write || !file.writes_pending() {
+            return;
+        }
+        // (Writes answered early may still wait for the writer task.)
+        file.all_sent(self).await;
+        if !self.goes_behind_writes(file) {
+            return;
+        }
+        let since = self.cache.lock().unwrap().now();
+        let sent_again = self.stats.writes_sent_again.load(Ordering::Relaxed);
+        let attrs = self.remote.fstat(&file.handle().await).await;
+        file.settle(self).await;
+        let clean = self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again
+            && file.pending_failure().is_none();
+        let Ok(attrs) = attrs.map_err(|e| tracing::debug!("fstat behind writes: {e}")) else {
+            return;
+        };
+        if clean
+            && attrs.file_type() == FileKind::File
+            && self.cache_attrs_from(file.ino, CachedAttrs { attrs, nlink: None }, since)
+        {
+            file.attrs_settled_at.store(since, Ordering::Relaxed);
+            self.stats
+                .attrs_along_writes
+                .fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -3477,8 +3521,14 @@ impl<R: Remote> Fs<R> {
             }
         }
         if file.flags.write {
-            // The server sets the final mtime as the last write lands.
-            self.attrs_changed(file.ino, None);
+            // The server sets the final mtime as the last write lands: what was cached may
+            // predate it, unless a close asked for them behind the last writes.
+            let settled = file.attrs_settled_at.load(Ordering::Relaxed);
+            let current =
+                settled != 0 && !self.cache.lock().unwrap().changed_since(file.ino, settled);
+            if !current {
+                self.attrs_changed(file.ino, None);
+            }
         }
         // Nobody can see an error of CLOSE (the kernel ignores release errors and flush has
         // reported write failures), so do not make the application wait for it. The extra

@@ -3839,31 +3839,28 @@ async fn setattr_owner_mode_times_one_round_trip_each() {
     assert_eq!(h.meta("f").mtime(), 1_500_000_000);
 }
 
-/// Times set by path on a file whose writes left its attributes unknown, as `shutil.copy2`
-/// does after closing the copy (and `touch -r`, or a truncate by path): the answer needs the
-/// size and the rest, which are asked right behind the SETSTAT (`Remote::setstat_lstat`: one
-/// round trip on SFTP) and kept, so a getattr after it asks nothing. Attributes asked along
-/// while another change went through the mount may predate it: they are asked again.
+/// A truncate by path (or times set on a file whose size the mount has not seen since its
+/// writes): the answer needs the mtime the server gives it and the rest, which are asked
+/// right behind the SETSTAT (`Remote::setstat_lstat`: one round trip on SFTP) and kept, so a
+/// getattr after it asks nothing. Attributes asked along while another change went through
+/// the mount may predate it: they are asked again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setattr_by_path_asks_the_attributes_along() {
     let h = Harness::new();
-    std::fs::write(h.disk("f"), b"").unwrap();
+    std::fs::write(h.disk("f"), b"0123456789").unwrap();
     let f = h.lookup(ROOT, "f").await;
     let along = || h.fs.stats.setattrs_stat_along.load(Ordering::Relaxed);
-    let fh = h.open(f, libc::O_WRONLY).await;
-    h.fs.write(fh, 0, b"0123456789").await.unwrap();
-    h.fs.flush(fh).await.unwrap();
-    let times = |secs: u64| SetattrRequest {
-        atime: at(secs),
-        mtime: at(secs),
+    let truncate = |size: u64| SetattrRequest {
+        size: Some(size),
         ..Default::default()
     };
     h.plan.reset_counts();
-    let a = h.fs.setattr(f, None, times(1_500_000_000)).await.unwrap();
-    assert_eq!((a.size, secs(a.mtime)), (10, 1_500_000_000), "answer");
+    let a = h.fs.setattr(f, None, truncate(4)).await.unwrap();
+    let disk = h.meta("f");
+    assert_eq!((a.size, secs(a.mtime) as i64), (4, disk.mtime()), "answer");
     assert_eq!(along(), 1, "attributes not asked along");
     let (cached, _) = h.fs.getattr(f, None).await.unwrap();
-    assert_eq!((cached.size, secs(cached.mtime)), (10, 1_500_000_000));
+    assert_eq!((cached.size, secs(cached.mtime) as i64), (4, disk.mtime()));
     assert_eq!(
         h.plan.call_counts(),
         [(ROp::Setstat, 1), (ROp::Lstat, 1)].into_iter().collect(),
@@ -3872,25 +3869,119 @@ async fn setattr_by_path_asks_the_attributes_along() {
 
     // A write through the mount lands while the attributes asked along are on their way:
     // they show the file without it, and must not be what the answer says or the cache keeps.
-    h.fs.write(fh, 10, b"abc").await.unwrap();
-    h.fs.flush(fh).await.unwrap();
+    let fh = h.open(f, libc::O_WRONLY).await;
     h.plan.hold_replies(ROp::Lstat);
     let set = tokio::spawn({
         let fs = h.fs.clone();
-        async move { fs.setattr(f, None, times(1_600_000_000)).await }
+        async move { fs.setattr(f, None, truncate(20)).await }
     });
     h.plan.until_held(ROp::Lstat, 1).await;
-    h.fs.write(fh, 13, b"def").await.unwrap();
+    h.fs.write(fh, 20, b"def").await.unwrap();
     h.fs.flush(fh).await.unwrap();
     h.plan.release(ROp::Lstat);
     let a = set.await.unwrap().unwrap();
-    assert_eq!(a.size, 16, "answered with attributes from before the write");
-    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.size, 16, "cached");
+    assert_eq!(a.size, 23, "answered with attributes from before the write");
+    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.size, 23, "cached");
     assert_eq!(
         along(),
         1,
         "attributes from before the write counted as used"
     );
+    h.fs.release(fh).await.unwrap();
+}
+
+/// A close that waits for writes on their way asks the attributes they leave right behind
+/// them (within the wait on SFTP, see `Fs::attrs_behind_writes`): a `stat` after the close,
+/// and after the release, asks nothing, and shows the server's size and mtime. Not kept when
+/// a write failed, nor when the file changed through the mount while the FSTAT was on its
+/// way: then a `stat` asks the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_learns_the_attributes_its_writes_leave() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let learnt = || h.fs.stats.attrs_along_writes.load(Ordering::Relaxed);
+    // Writes on the wire, unanswered, when the close comes; answered once it has asked.
+    let close_with_writes_on_the_wire = |fh: u64, data: &'static [u8]| {
+        let fs = h.fs.clone();
+        let plan = h.plan.clone();
+        async move {
+            plan.hold_replies(ROp::Write);
+            let fstats = plan.calls(ROp::Fstat);
+            assert_eq!(fs.write(fh, 0, data).await.unwrap() as usize, data.len());
+            plan.until_held(ROp::Write, 1).await;
+            let close = tokio::spawn({
+                let fs = fs.clone();
+                async move { fs.flush(fh).await }
+            });
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            while plan.calls(ROp::Fstat) == fstats {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "no FSTAT at the close"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            plan.release(ROp::Write);
+            close.await.unwrap()
+        }
+    };
+
+    let fh = h.open(f, libc::O_WRONLY).await;
+    close_with_writes_on_the_wire(fh, b"0123456789")
+        .await
+        .unwrap();
+    assert_eq!(learnt(), 1);
+    h.plan.reset_counts();
+    let disk = h.meta("f");
+    let shown = h.fs.getattr(f, None).await.unwrap().0;
+    assert_eq!(
+        (shown.size, secs(shown.mtime) as i64),
+        (10, disk.mtime()),
+        "after the close"
+    );
+    h.fs.release(fh).await.unwrap();
+    let shown = h.fs.getattr(f, None).await.unwrap().0;
+    assert_eq!(shown.size, 10, "after the release");
+    let asked = [ROp::Lstat, ROp::Stat, ROp::Fstat].map(|op| h.plan.calls(op));
+    assert_eq!(asked, [0; 3], "a stat after the close asked the server");
+
+    // A write that fails: what the server has is not known here.
+    let fh = h.open(f, libc::O_WRONLY).await;
+    h.plan
+        .fail_next_after_performing(ROp::Write, 1, failure("injected"));
+    let e = close_with_writes_on_the_wire(fh, b"abc").await.unwrap_err();
+    assert_eq!(e.errno, libc::EIO, "{e}");
+    h.fs.release(fh).await.unwrap();
+    h.plan.reset_counts();
+    h.fs.getattr(f, None).await.unwrap();
+    assert_eq!(h.plan.calls(ROp::Lstat), 1, "kept after a failed write");
+    assert_eq!(learnt(), 1);
+
+    // Another write through the descriptor while the FSTAT is on its way: what it shows
+    // may predate that write.
+    let fh = h.open(f, libc::O_WRONLY).await;
+    h.plan.hold_replies(ROp::Write);
+    h.write(fh, 0, b"0123456789").await;
+    h.plan.until_held(ROp::Write, 1).await;
+    h.plan.hold(ROp::Fstat);
+    let close = tokio::spawn({
+        let fs = h.fs.clone();
+        async move { fs.flush(fh).await }
+    });
+    h.plan.until_held(ROp::Fstat, 1).await;
+    h.write(fh, 10, b"late").await;
+    h.plan.release(ROp::Fstat);
+    h.plan.release(ROp::Write);
+    close.await.unwrap().unwrap();
+    h.plan.reset_counts();
+    assert_eq!(h.fs.getattr(f, None).await.unwrap().0.size, 14);
+    assert_eq!(
+        h.plan.calls(ROp::Lstat),
+        1,
+        "kept attributes that predate a write"
+    );
+    assert_eq!(learnt(), 1);
     h.fs.release(fh).await.unwrap();
 }
 
