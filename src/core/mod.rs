@@ -1065,6 +1065,23 @@ impl<R: Remote> Fs<R> {
         true
     }
 
+    /// [`Fs::attrs_changed`] by a change of the mount after which the server showed `attrs`,
+    /// asked when the change clock read `since`: they are kept as the new attributes only if
+    /// nothing else changed `ino` through the mount since (checked and kept in one step).
+    /// Returns whether they were.
+    fn attrs_changed_as_of(&self, ino: Ino, attrs: Attrs, since: u64) -> bool {
+        self.shared_data_changed(ino);
+        let names = {
+            let mut inodes = self.inodes.lock().unwrap();
+            inodes.note_if_shared(ino);
+            inodes.names_of(ino)
+        };
+        let mut cache = self.cache.lock().unwrap();
+        let fresh = !cache.changed_since(ino, since);
+        cache.attrs_changed(ino, &names, fresh.then_some(attrs));
+        fresh
+    }
+
     /// `ino`'s data or attributes changed through the mount: cached attributes of it are
     /// stale, wherever they are (attribute cache, its parent's listing). `known`: the new
     /// attributes, when we have them.
@@ -1534,6 +1551,9 @@ impl<R: Remote> Fs<R> {
         // truncate): trusted if nothing else changed the inode through the mount meanwhile.
         let ask_along = known_now().is_none();
         let since = self.cache.lock().unwrap().now();
+        // A write of another descriptor put on the wire since the drain above may go on
+        // another channel than the stat, and land after it: then ask the usual way.
+        let busy = !self.writers_of(ino).is_empty();
         let mut along = None;
         if !set.is_empty() {
             let remote = &self.remote;
@@ -1578,18 +1598,18 @@ impl<R: Remote> Fs<R> {
             self.status_changed(ino);
         }
         // What came along shows this change and nothing after it, unless the inode changed
-        // through the mount meanwhile. By path, only what `fetch_attrs` would take as it is:
-        // not a symlink (a followed link's target is asked for), nor another kind of object.
-        let along = along
-            .filter(|_| !self.cache.lock().unwrap().changed_since(ino, since))
-            .filter(|a| {
-                file.is_some()
+        // through the mount meanwhile (checked as they are kept). By path, only what
+        // `fetch_attrs` would take as it is: not a symlink (a followed link's target is asked
+        // for), nor another kind of object.
+        let along = along.filter(|a| {
+            !busy
+                && (file.is_some()
                     || (a.file_type() != FileKind::Symlink
-                        && kind.is_none_or(|k| k == a.file_type()))
-            });
+                        && kind.is_none_or(|k| k == a.file_type())))
+        });
         let known = known_now();
-        self.attrs_changed(ino, None);
         if let Some(mut attrs) = known {
+            self.attrs_changed(ino, None);
             if let Some(p) = set.perm {
                 attrs.mode = Some((attrs.mode.unwrap_or(0) & libc::S_IFMT) | p);
             }
@@ -1608,25 +1628,21 @@ impl<R: Remote> Fs<R> {
         if let Some(size) = req.size {
             self.truncated(ino, size);
         }
-        if along.is_some() {
-            self.stats
-                .setattrs_stat_along
-                .fetch_add(1, Ordering::Relaxed);
+        match along {
+            Some(attrs) if self.attrs_changed_as_of(ino, attrs, since) => {
+                self.stats
+                    .setattrs_stat_along
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(self.make_attr(ino, &attrs, None));
+            }
+            Some(_) => {} // (dropped what was cached, as below)
+            None => self.attrs_changed(ino, None),
         }
         if let Some(f) = &file {
-            let attrs = match along {
-                Some(a) => Some(a),
-                None => self.remote.fstat(&f.handle().await).await.ok(),
-            };
-            if let Some(attrs) = attrs {
+            if let Ok(attrs) = self.remote.fstat(&f.handle().await).await {
                 self.attrs_changed(ino, Some(attrs));
                 return Ok(self.make_attr(ino, &attrs, None));
             }
-        } else if let Some(attrs) = along {
-            // As `fetch_attrs` keeps what it asked.
-            let now = self.cache.lock().unwrap().now();
-            self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, now);
-            return Ok(self.make_attr(ino, &attrs, None));
         }
         let a = self.fetch_attrs(ino).await?;
         Ok(self.make_attr(ino, &a.attrs, a.nlink))
@@ -3418,11 +3434,14 @@ impl<R: Remote> Fs<R> {
         }
         // (Writes answered early may still wait for the writer task.)
         file.all_sent(self).await;
-        if !self.goes_behind_writes(file) {
-            return;
-        }
+        // Read before the check: whatever changed the file before is either still on its way
+        // (and fails the check) or was sent ahead of the FSTAT through this handle.
         let since = self.cache.lock().unwrap().now();
         let sent_again = self.stats.writes_sent_again.load(Ordering::Relaxed);
+        // All answered already: an FSTAT now would be a round trip of its own.
+        if !file.writes_pending() || !self.goes_behind_writes(file) {
+            return;
+        }
         let attrs = self.remote.fstat(&file.handle().await).await;
         file.settle(self).await;
         let clean = self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again
