@@ -1639,8 +1639,16 @@ impl<R: Remote> Fs<R> {
             None => self.attrs_changed(ino, None),
         }
         if let Some(f) = &file {
+            // Kept on the same terms as what comes along: no write of the file on its way
+            // (another descriptor's, on another channel, could land after the FSTAT), nothing
+            // changed through the mount meanwhile. The answer shows the writes on their way.
+            let since = self.cache.lock().unwrap().now();
+            let busy = !self.writers_of(ino).is_empty();
             if let Ok(attrs) = self.remote.fstat(&f.handle().await).await {
-                self.attrs_changed(ino, Some(attrs));
+                let attrs = self.with_pending_size(ino, attrs);
+                if !busy {
+                    self.attrs_changed_as_of(ino, attrs, since);
+                }
                 return Ok(self.make_attr(ino, &attrs, None));
             }
         }
