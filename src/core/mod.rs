@@ -3553,7 +3553,11 @@ impl<R: Remote> Fs<R> {
             let settled = file.attrs_settled_at.load(Ordering::Relaxed);
             let current =
                 settled != 0 && !self.cache.lock().unwrap().changed_since(file.ino, settled);
-            if !current {
+            if current {
+                // Other names of the file made on the server are told all the same: a read
+                // of theirs that was on its way at the close may have kept older pages.
+                self.shared_data_changed(file.ino);
+            } else {
                 self.attrs_changed(file.ino, None);
             }
         }
