@@ -1546,9 +1546,10 @@ impl<R: Remote> Fs<R> {
                     || a.mode.is_some_and(|m| m & 0o6000 == 0)
             })
         };
-        // Otherwise they are asked right behind the change, in the same round trip (a file's
-        // times set by path after its writes, as `shutil.copy2` and `touch -r` do, or a
-        // truncate): trusted if nothing else changed the inode through the mount meanwhile.
+        // Otherwise they are asked right behind the change, in the same round trip (a
+        // truncate; times or a mode set on a file whose attributes the mount does not hold,
+        // as after writes whose close did not learn them): trusted if no write of the file
+        // was on its way and nothing else changed it through the mount meanwhile.
         let ask_along = known_now().is_none();
         let since = self.cache.lock().unwrap().now();
         // A write of another descriptor put on the wire since the drain above may go on
