@@ -1070,22 +1070,20 @@ impl<R: Remote> Fs<R> {
     /// nothing else changed `ino` through the mount since (checked and kept in one step).
     /// Returns whether they were.
     fn attrs_changed_as_of(&self, ino: Ino, attrs: Attrs, since: u64) -> bool {
-        self.shared_data_changed(ino);
-        let names = {
-            let mut inodes = self.inodes.lock().unwrap();
-            inodes.note_if_shared(ino);
-            inodes.names_of(ino)
-        };
-        let mut cache = self.cache.lock().unwrap();
-        let fresh = !cache.changed_since(ino, since);
-        cache.attrs_changed(ino, &names, fresh.then_some(attrs));
-        fresh
+        self.record_change(ino, Some(attrs), Some(since))
     }
 
     /// `ino`'s data or attributes changed through the mount: cached attributes of it are
     /// stale, wherever they are (attribute cache, its parent's listing). `known`: the new
     /// attributes, when we have them.
     fn attrs_changed(&self, ino: Ino, known: Option<Attrs>) {
+        self.record_change(ino, known, None);
+    }
+
+    /// [`Fs::attrs_changed`], keeping `known` only if `ino` did not change through the mount
+    /// after the clock read `since` (when given; checked and kept under one lock). Returns
+    /// whether `known` was kept.
+    fn record_change(&self, ino: Ino, known: Option<Attrs>, since: Option<u64>) -> bool {
         self.shared_data_changed(ino);
         let names = {
             let mut inodes = self.inodes.lock().unwrap();
@@ -1095,7 +1093,10 @@ impl<R: Remote> Fs<R> {
             inodes.names_of(ino)
         };
         // Every name of it (hard links made through the mount are one inode).
-        self.cache.lock().unwrap().attrs_changed(ino, &names, known);
+        let mut cache = self.cache.lock().unwrap();
+        let known = known.filter(|_| since.is_none_or(|s| !cache.changed_since(ino, s)));
+        cache.attrs_changed(ino, &names, known);
+        known.is_some()
     }
 
     /// The mount changed the status of `ino` just now: its ctime moves (see `Attr::ctime`).

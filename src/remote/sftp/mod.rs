@@ -527,6 +527,20 @@ async fn attrs_answer(op: &str, sent: RemoteResult<PendingReply>) -> RemoteResul
     expect_attrs(op, sent?.wait().await?)
 }
 
+/// `req`, answered with a status, and `stat` sent right behind it on channel `ch`, which
+/// serves them in order, so the attributes show what `req` did: two requests, one round
+/// trip. The outer error is `req`'s, the inner `stat`'s.
+async fn status_then_attrs(
+    ch: &SftpChannel,
+    req: &Request<'_>,
+    stat: &Request<'_>,
+) -> RemoteResult<RemoteResult<Attrs>> {
+    let done = ch.send(req).await?;
+    let attrs = ch.send(stat).await;
+    expect_ok(req.name(), done.wait().await?)?;
+    Ok(attrs_answer(stat.name(), attrs).await)
+}
+
 fn expect_handle(op: &str, r: Response) -> RemoteResult<Bytes> {
     match r {
         Response::Handle(h) => Ok(h),
@@ -929,11 +943,8 @@ impl Remote for SftpRemote {
     ) -> RemoteResult<RemoteResult<Attrs>> {
         self.once_more(true, || async {
             let c = self.inner.conn().await?;
-            let ch = c.pick();
-            let set = ch.send(&Request::Setstat { path, attrs }).await?;
-            let stat = ch.send(&Request::Lstat { path }).await;
-            expect_ok("SETSTAT", set.wait().await?)?;
-            Ok(attrs_answer("LSTAT", stat).await)
+            let set = Request::Setstat { path, attrs };
+            status_then_attrs(c.pick(), &set, &Request::Lstat { path }).await
         })
         .await
     }
@@ -944,12 +955,14 @@ impl Remote for SftpRemote {
         attrs: SetAttrs,
     ) -> RemoteResult<RemoteResult<Attrs>> {
         let c = self.inner.conn_for(handle)?;
-        let ch = &c.channels[handle.channel];
         let raw = &handle.raw;
-        let set = ch.send(&Request::Fsetstat { handle: raw, attrs }).await?;
-        let stat = ch.send(&Request::Fstat { handle: raw }).await;
-        expect_ok("FSETSTAT", set.wait().await?)?;
-        Ok(attrs_answer("FSTAT", stat).await)
+        let set = Request::Fsetstat { handle: raw, attrs };
+        status_then_attrs(
+            &c.channels[handle.channel],
+            &set,
+            &Request::Fstat { handle: raw },
+        )
+        .await
     }
 
     async fn read_dir(&self, path: &Path) -> RemoteResult<Vec<DirEntry>> {
@@ -1340,11 +1353,8 @@ impl Remote for SftpRemote {
         if !c.ext.hardlink {
             return Err(RemoteError::Unsupported(codec::EXT_HARDLINK));
         }
-        let ch = c.pick();
-        let linked = ch.send(&Request::Hardlink { existing, new }).await?;
-        let stat = ch.send(&Request::Lstat { path: new }).await;
-        expect_ok(codec::EXT_HARDLINK, linked.wait().await?)?;
-        Ok(attrs_answer("LSTAT", stat).await)
+        let link = Request::Hardlink { existing, new };
+        status_then_attrs(c.pick(), &link, &Request::Lstat { path: new }).await
     }
 
     async fn statvfs(&self, path: &Path) -> RemoteResult<StatVfs> {
