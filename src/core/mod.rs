@@ -252,8 +252,11 @@ struct ReadAlong {
     /// Used until then (the open plus the attribute TTL) ...
     until: Instant,
     /// ... and while nothing changed the file through the mount since the change clock read
-    /// this.
+    /// this ...
     since: u64,
+    /// ... nor, if it may share its data with other inodes (links made on the server), any
+    /// such file since [`Fs::shared_changes`] read this (see [`Fs::read_answered`]).
+    shared_since: u64,
 }
 
 pub struct Fs<R: Remote> {
@@ -740,8 +743,20 @@ impl<R: Remote> Fs<R> {
     /// while the read was on its way (`since`: [`Fs::shared_changes`] before it), the read
     /// may have fetched the old data before the change landed, and the kernel cached it
     /// after it was told to drop its pages: it is told again, now that they are in.
+    /// Otherwise `ino` is noted as cached ([`InodeTable::note_if_shared`]), so the next such
+    /// change drops the pages: a read through a descriptor open for long (no open, lookup
+    /// or getattr notes it) may be answered while a change's writes are on their way,
+    /// before they land, and the drop made when they are all answered
+    /// ([`Fs::written_through_settled`]) must reach it. Noted and compared under the inode
+    /// table's lock, which [`Fs::shared_data_changed`] counts and takes the noted under:
+    /// either the change comes first and shows in the count, or it finds `ino` noted.
     pub fn read_answered(&self, ino: Ino, since: u64) {
-        if self.shared_changes() != since && self.inodes.lock().unwrap().may_share_data(ino) {
+        let again = {
+            let mut inodes = self.inodes.lock().unwrap();
+            inodes.note_if_shared(ino);
+            self.shared_changes() != since && inodes.may_share_data(ino)
+        };
+        if again {
             self.kernel_caches.invalidate(vec![ino]);
         }
     }
@@ -2537,6 +2552,7 @@ impl<R: Remote> Fs<R> {
         // Before the checks below: a write through the mount after it shows as a change since
         // (see `read_along_for`), one before it as a write still on its way.
         let since = (Instant::now(), self.cache.lock().unwrap().now());
+        let shared_since = self.shared_changes();
         let along = match read_along && flags == OpenFlags::read_only() {
             true => self.read_along_len(ino),
             false => None,
@@ -2580,6 +2596,7 @@ impl<R: Remote> Fs<R> {
                     data,
                     until: since.0 + self.attr_ttl_for(ino),
                     since: since.1,
+                    shared_since,
                 },
             );
             return Ok(fh);
@@ -3222,8 +3239,17 @@ impl<R: Remote> Fs<R> {
     fn read_along_for(&self, fh: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
         let mut along = self.read_along.lock().unwrap();
         let r = along.get(&fh)?;
-        let good =
-            Instant::now() < r.until && !self.cache.lock().unwrap().changed_since(r.ino, r.since);
+        // A file that may be another name of this one changed through the mount: the server
+        // may have had the change or not when these bytes were read, and the kernel would
+        // keep them (a read answered across the change is dropped again, but these may have
+        // been read before it and answered after).
+        let shared_changed = || {
+            self.shared_changes() != r.shared_since
+                && self.inodes.lock().unwrap().may_share_data(r.ino)
+        };
+        let good = Instant::now() < r.until
+            && !self.cache.lock().unwrap().changed_since(r.ino, r.since)
+            && !shared_changed();
         let len = r.data.len() as u64;
         let end = offset.saturating_add(u64::from(size));
         if !good || (end > len && !r.eof) {

@@ -927,6 +927,48 @@ async fn read_along_never_hides_a_change() {
     h.fs.release(r).await.unwrap();
 }
 
+/// Another name of the file (a link made on the server, an inode of its own here) changed
+/// through the mount after an open read along: the bytes read along are older than the
+/// change, and a read answered with them after it would leave old pages in the kernel that
+/// nothing drops again ([`Fs::read_answered`] looks only at the read itself). The server is
+/// asked instead. (Here the change marks the other name changed; the count of such changes
+/// compared in `read_along_for` covers a change that comes while the open is on its way,
+/// which this test cannot stage.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_along_never_hides_a_change_through_another_name() {
+    let h = Harness::new();
+    std::fs::write(h.disk("x"), b"old old").unwrap();
+    std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
+    std::fs::write(h.disk("z"), b"zzz").unwrap();
+    list_plus(&h, ROOT).await;
+    let (x, y, z) = (
+        h.lookup(ROOT, "x").await,
+        h.lookup(ROOT, "y").await,
+        h.lookup(ROOT, "z").await,
+    );
+    let along = || h.fs.stats.opens_read_along.load(Ordering::Relaxed);
+    let reads = || h.plan.calls(ROp::Read);
+    let ry = h.open(y, libc::O_RDONLY).await;
+    let rz = h.open(z, libc::O_RDONLY).await;
+    assert_eq!(along(), 2, "y and z read along");
+    let w = h.open(x, libc::O_WRONLY).await;
+    h.write(w, 0, b"NEW").await;
+    h.fs.flush(w).await.unwrap();
+    h.fs.release(w).await.unwrap();
+    let n = reads();
+    assert_eq!(
+        h.read(ry, 0, 4096).await,
+        b"NEW old",
+        "y answered with bytes read before the change through x"
+    );
+    assert_eq!(reads(), n + 1);
+    // A file that shares nothing with x keeps what it read along.
+    assert_eq!(h.read(rz, 0, 4096).await, b"zzz");
+    assert_eq!(reads(), n + 1, "z's read along dropped too");
+    h.fs.release(ry).await.unwrap();
+    h.fs.release(rz).await.unwrap();
+}
+
 /// A file written through the mount and closed has no known attributes (the server set its
 /// mtime as the writes landed): the next open for reading asks them along with its open and
 /// first bytes, and the kernel's `fstat` and first reads right after (an editor's save read
@@ -4367,6 +4409,44 @@ async fn a_read_answered_across_a_change_through_another_name_is_dropped_again()
         "y not dropped again (or z was)"
     );
     h.fs.release(fh).await.unwrap();
+}
+
+/// A read through a descriptor open for long (nothing else of the file asked since the last
+/// change through another name) leaves pages in the kernel all the same: the next change
+/// through another name drops them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answered_is_dropped_by_the_next_change_through_another_name() {
+    let h = Harness::new();
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t = told.clone();
+    h.fs.kernel_caches()
+        .connect(Box::new(move |ino| t.lock().unwrap().push(ino)));
+    let told = move || std::mem::take(&mut *told.lock().unwrap());
+    std::fs::write(h.disk("x"), b"data").unwrap();
+    std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
+    list_plus(&h, ROOT).await;
+    let (x, y) = (h.lookup(ROOT, "x").await, h.lookup(ROOT, "y").await);
+    let change_through_x = || async {
+        let fh = h.open(x, libc::O_WRONLY).await;
+        h.write(fh, 0, b"DATA").await;
+        h.fs.flush(fh).await.unwrap();
+        h.fs.release(fh).await.unwrap();
+        h.fs.kernel_caches().settled().await;
+    };
+    change_through_x().await;
+    assert!(told().contains(&y), "y's lookup not followed by a drop");
+    change_through_x().await;
+    assert!(
+        !told().contains(&y),
+        "nothing of y cached, yet it was dropped"
+    );
+    // The kernel read y's pages through a descriptor it opened before.
+    h.fs.read_answered(y, h.fs.shared_changes());
+    change_through_x().await;
+    assert!(
+        told().contains(&y),
+        "y's pages read, then kept across a change"
+    );
 }
 
 /// Links made on the server: each name is an inode of its own here (SFTP v3 cannot tell
