@@ -364,14 +364,12 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
     ) {
         let fs = self.fs.clone();
         self.spawn("read", req, async move {
-            let since = fs.shared_changes();
+            let watch = fs.read_starting(ino.0);
             match fs.read(fh.0, offset, size).await {
-                Ok(data) => {
-                    reply.data(&data);
-                    fs.read_answered(ino.0, since);
-                }
+                Ok(data) => reply.data(&data),
                 Err(e) => reply.error(errno(&e)),
             }
+            fs.read_answered(watch);
         });
     }
 

@@ -88,6 +88,10 @@ pub struct InodeTable {
     /// cached (by the kernel or by the mount) since they were last dropped: what a change
     /// through another name must drop (see [`InodeTable::take_shared_cached`]).
     shared_cached: HashSet<Ino>,
+    /// Such inodes with kernel reads on their way, and how many ([`InodeTable::read_started`]):
+    /// their pages are about to be cached, with data that may predate a change made while
+    /// they are, so a change takes them whether noted or not.
+    reading: HashMap<Ino, u32>,
 }
 
 impl Default for InodeTable {
@@ -116,6 +120,7 @@ impl InodeTable {
             by_name: HashMap::new(),
             next_ino: ROOT_INO + 1,
             shared_cached: HashSet::new(),
+            reading: HashMap::new(),
         }
     }
 
@@ -253,15 +258,39 @@ impl InodeTable {
         shared
     }
 
-    /// The inodes noted by [`InodeTable::note_if_shared`] since the last call, other than
-    /// `changed` (whose own caches follow its change as usual): a change through `changed`
-    /// may show through any of them, so what is cached of them must go.
+    /// A kernel read of `ino` is on its way: if it has links the mount does not know by name,
+    /// it is counted until [`InodeTable::read_ended`]. Returns whether it was.
+    pub fn read_started(&mut self, ino: Ino) -> bool {
+        let shared = self.has_unknown_links(ino);
+        if shared {
+            *self.reading.entry(ino).or_default() += 1;
+        }
+        shared
+    }
+
+    /// A read counted by [`InodeTable::read_started`] has been answered (or failed).
+    pub fn read_ended(&mut self, ino: Ino) {
+        if let Some(n) = self.reading.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                self.reading.remove(&ino);
+            }
+        }
+    }
+
+    /// The inodes noted by [`InodeTable::note_if_shared`] since the last call, and those with
+    /// reads on their way, other than `changed` (whose own caches follow its change as
+    /// usual): a change through `changed` may show through any of them, so what is cached
+    /// of them must go.
     pub fn take_shared_cached(&mut self, changed: Ino) -> Vec<Ino> {
         let kept = self.shared_cached.remove(&changed);
-        let taken = self.shared_cached.drain().collect();
+        let mut taken: Vec<Ino> = self.shared_cached.drain().collect();
         if kept {
             self.shared_cached.insert(changed);
         }
+        let reading = self.reading.keys().filter(|&&r| r != changed);
+        let reading: Vec<Ino> = reading.filter(|r| !taken.contains(r)).copied().collect();
+        taken.extend(reading);
         taken
     }
 
@@ -374,6 +403,7 @@ impl InodeTable {
         }
         self.nodes.remove(&ino);
         self.shared_cached.remove(&ino);
+        self.reading.remove(&ino);
     }
 
     /// `name` in `parent` was removed through the mount (or found missing): the inode, if
@@ -636,6 +666,23 @@ mod tests {
         // Forgotten: nothing left to drop.
         t.note_if_shared(y);
         t.forget(y, 1);
+        assert_eq!(t.take_shared_cached(one), Vec::<Ino>::new());
+        // A read on its way is taken by every change until it ends, noted or not.
+        assert!(t.read_started(x) && t.read_started(x));
+        assert!(!t.read_started(one));
+        assert_eq!(t.take_shared_cached(one), vec![x]);
+        assert_eq!(t.take_shared_cached(one), vec![x]);
+        assert_eq!(t.take_shared_cached(x), Vec::<Ino>::new(), "x itself");
+        t.note_if_shared(x);
+        assert_eq!(t.take_shared_cached(one), vec![x], "taken once");
+        t.read_ended(x);
+        assert_eq!(
+            t.take_shared_cached(one),
+            vec![x],
+            "one read still on its way"
+        );
+        t.read_ended(x);
+        t.read_ended(one);
         assert_eq!(t.take_shared_cached(one), Vec::<Ino>::new());
     }
 }

@@ -243,6 +243,16 @@ struct DirHandle {
 /// [`Fs::read_along_len`]).
 pub const READ_ALONG_BYTES: u64 = 8 * 1024 * 1024;
 
+/// A kernel read on its way, from [`Fs::read_starting`] to [`Fs::read_answered`].
+#[must_use = "pass it to Fs::read_answered once the read is answered"]
+pub struct ReadWatch {
+    ino: Ino,
+    /// Counted as being read ([`InodeTable::read_started`]).
+    counted: bool,
+    /// [`Fs::shared_changes`] before the read.
+    since: u64,
+}
+
 /// The first bytes of a file, read along with its open.
 struct ReadAlong {
     ino: Ino,
@@ -701,24 +711,28 @@ impl<R: Remote> Fs<R> {
     /// or a setattr, wait for it: `KernelCaches::settled`). The next look at any of
     /// them asks the server, which has the change once it has landed.
     fn shared_data_changed(&self, ino: Ino) {
-        let others = {
-            let mut inodes = self.inodes.lock().unwrap();
-            if !inodes.may_share_data(ino) {
-                return;
-            }
-            self.shared_changes.fetch_add(1, Ordering::AcqRel);
-            inodes
-                .take_shared_cached(ino)
-                .into_iter()
-                .map(|o| (o, inodes.names_of(o)))
-                .collect::<Vec<_>>()
-        };
+        let mut inodes = self.inodes.lock().unwrap();
+        if !inodes.may_share_data(ino) {
+            return;
+        }
+        self.shared_changes.fetch_add(1, Ordering::AcqRel);
+        let others: Vec<_> = inodes
+            .take_shared_cached(ino)
+            .into_iter()
+            .map(|o| (o, inodes.names_of(o)))
+            .collect();
+        // Dropped and queued before the inode table is let go: a change right after (a
+        // close's drop, which then waits for the kernel) finds these inodes taken, and must
+        // find what they had already marked changed and their kernel drop queued.
         let mut cache = self.cache.lock().unwrap();
         cache.shared_data_changed();
         for (other, names) in &others {
             cache.attrs_changed(*other, names, None);
         }
         drop(cache);
+        self.kernel_caches
+            .invalidate(others.iter().map(|(o, _)| *o).collect());
+        drop(inodes);
         if !others.is_empty() {
             self.stats
                 .shared_drops
@@ -729,35 +743,51 @@ impl<R: Remote> Fs<R> {
                 "a file with unknown links changed"
             );
         }
-        self.kernel_caches
-            .invalidate(others.into_iter().map(|(o, _)| o).collect());
     }
 
-    /// What [`Fs::read_answered`] compares with, taken before a read.
+    /// How many changes may have shown through other inodes ([`Fs::shared_data_changed`]).
     pub fn shared_changes(&self) -> u64 {
         self.shared_changes.load(Ordering::Acquire)
     }
 
-    /// A read of `ino` has been answered to the kernel, which may keep the pages. If a file
-    /// that may share its data with it (links made on the server) changed through the mount
-    /// while the read was on its way (`since`: [`Fs::shared_changes`] before it), the read
-    /// may have fetched the old data before the change landed, and the kernel cached it
-    /// after it was told to drop its pages: it is told again, now that they are in.
-    /// Otherwise `ino` is noted as cached ([`InodeTable::note_if_shared`]), so the next such
-    /// change drops the pages: a read through a descriptor open for long (no open, lookup
-    /// or getattr notes it) may be answered while a change's writes are on their way,
-    /// before they land, and the drop made when they are all answered
-    /// ([`Fs::written_through_settled`]) must reach it. Noted and compared under the inode
-    /// table's lock, which [`Fs::shared_data_changed`] counts and takes the noted under:
-    /// either the change comes first and shows in the count, or it finds `ino` noted.
-    pub fn read_answered(&self, ino: Ino, since: u64) {
+    /// A kernel read of `ino` is about to be carried out: what [`Fs::read_answered`] needs
+    /// after it. A file with links the mount does not know by name is counted as being read
+    /// until then, so every change through another name meanwhile drops its pages
+    /// ([`InodeTable::take_shared_cached`]): the kernel holds the pages of a read on its way
+    /// locked, so the drop waits for the answer and takes them after it, and a close or
+    /// fsync waits for the drop ([`kernel_caches::KernelCaches::settled`]). Without that, a read that
+    /// fetched the old data before the change's writes landed, answered after the drop made
+    /// once they were all answered, would leave the old data cached past the close.
+    pub fn read_starting(&self, ino: Ino) -> ReadWatch {
+        let mut inodes = self.inodes.lock().unwrap();
+        ReadWatch {
+            ino,
+            counted: inodes.read_started(ino),
+            since: self.shared_changes(),
+        }
+    }
+
+    /// The read `w` ([`Fs::read_starting`]) has been answered to the kernel (or failed).
+    /// The kernel may keep the pages, so `ino` is noted as cached
+    /// ([`InodeTable::note_if_shared`]): the next change through another name drops them,
+    /// though no open, lookup or getattr of it (a descriptor open for long) notes it. And
+    /// if a file that may share its data with it (links made on the server) changed through
+    /// the mount while the read was on its way, the read may have fetched the old data
+    /// before the change landed: the kernel is told once more to drop its pages (the drops
+    /// of the change itself took them, see [`Fs::read_starting`]; this one is for pages the
+    /// kernel did not hold locked). Noted and compared under the inode table's lock, under
+    /// which [`Fs::shared_data_changed`] counts and takes the noted.
+    pub fn read_answered(&self, w: ReadWatch) {
         let again = {
             let mut inodes = self.inodes.lock().unwrap();
-            inodes.note_if_shared(ino);
-            self.shared_changes() != since && inodes.may_share_data(ino)
+            if w.counted {
+                inodes.read_ended(w.ino);
+            }
+            inodes.note_if_shared(w.ino);
+            self.shared_changes() != w.since && inodes.may_share_data(w.ino)
         };
         if again {
-            self.kernel_caches.invalidate(vec![ino]);
+            self.kernel_caches.invalidate(vec![w.ino]);
         }
     }
 
@@ -3239,10 +3269,10 @@ impl<R: Remote> Fs<R> {
     fn read_along_for(&self, fh: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
         let mut along = self.read_along.lock().unwrap();
         let r = along.get(&fh)?;
-        // A file that may be another name of this one changed through the mount: the server
-        // may have had the change or not when these bytes were read, and the kernel would
-        // keep them (a read answered across the change is dropped again, but these may have
-        // been read before it and answered after).
+        // A file that may be another name of this one changed through the mount since the
+        // open began: the server may have had the change or not when these bytes were read.
+        // (A noted file is also marked changed by such a change; this covers one whose link
+        // count is not known, which is not noted.)
         let shared_changed = || {
             self.shared_changes() != r.shared_since
                 && self.inodes.lock().unwrap().may_share_data(r.ino)

@@ -931,20 +931,24 @@ async fn read_along_never_hides_a_change() {
 /// through the mount after an open read along: the bytes read along are older than the
 /// change, and a read answered with them after it would leave old pages in the kernel that
 /// nothing drops again ([`Fs::read_answered`] looks only at the read itself). The server is
-/// asked instead. (Here the change marks the other name changed; the count of such changes
-/// compared in `read_along_for` covers a change that comes while the open is on its way,
-/// which this test cannot stage.)
+/// asked instead. (The open notes y, so the change marks it changed after the open began;
+/// the count of such changes compared in `read_along_for` covers files whose link count is
+/// not known, which are not noted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_along_never_hides_a_change_through_another_name() {
     let h = Harness::new();
     std::fs::write(h.disk("x"), b"old old").unwrap();
     std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
-    std::fs::write(h.disk("z"), b"zzz").unwrap();
+    // In a directory of its own: a second open in one directory fetches its other small
+    // files ahead, which would count as reads below.
+    std::fs::create_dir(h.disk("d")).unwrap();
+    std::fs::write(h.disk("d/z"), b"zzz").unwrap();
     list_plus(&h, ROOT).await;
+    let d = h.lookup(ROOT, "d").await;
     let (x, y, z) = (
         h.lookup(ROOT, "x").await,
         h.lookup(ROOT, "y").await,
-        h.lookup(ROOT, "z").await,
+        h.lookup(d, "z").await,
     );
     let along = || h.fs.stats.opens_read_along.load(Ordering::Relaxed);
     let reads = || h.plan.calls(ROp::Read);
@@ -4385,23 +4389,22 @@ async fn a_read_answered_across_a_change_through_another_name_is_dropped_again()
         h.lookup(ROOT, "y").await,
         h.lookup(ROOT, "z").await,
     );
-    let since = h.fs.shared_changes();
-    h.fs.read_answered(y, since);
+    h.fs.read_answered(h.fs.read_starting(y));
     h.fs.kernel_caches().settled().await;
     assert!(
         told.lock().unwrap().is_empty(),
         "no change, yet y was dropped"
     );
 
-    // Taken before the read; the change through x comes while it is on its way.
-    let since = h.fs.shared_changes();
+    // Started before the change through x, which comes while they are on their way.
+    let (wy, wz) = (h.fs.read_starting(y), h.fs.read_starting(z));
     let fh = h.open(x, libc::O_WRONLY).await;
     h.write(fh, 0, b"DATA").await;
     h.fs.flush(fh).await.unwrap();
     h.fs.kernel_caches().settled().await;
     told.lock().unwrap().clear();
-    h.fs.read_answered(y, since);
-    h.fs.read_answered(z, since);
+    h.fs.read_answered(wy);
+    h.fs.read_answered(wz);
     h.fs.kernel_caches().settled().await;
     assert_eq!(
         *told.lock().unwrap(),
@@ -4413,7 +4416,9 @@ async fn a_read_answered_across_a_change_through_another_name_is_dropped_again()
 
 /// A read through a descriptor open for long (nothing else of the file asked since the last
 /// change through another name) leaves pages in the kernel all the same: the next change
-/// through another name drops them.
+/// through another name drops them. And a change while such a read is on its way drops
+/// them itself (the kernel holds them until the read is answered), so a close does not
+/// return before they are dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_answered_is_dropped_by_the_next_change_through_another_name() {
     let h = Harness::new();
@@ -4441,12 +4446,31 @@ async fn a_read_answered_is_dropped_by_the_next_change_through_another_name() {
         "nothing of y cached, yet it was dropped"
     );
     // The kernel read y's pages through a descriptor it opened before.
-    h.fs.read_answered(y, h.fs.shared_changes());
+    h.fs.read_answered(h.fs.read_starting(y));
     change_through_x().await;
     assert!(
         told().contains(&y),
         "y's pages read, then kept across a change"
     );
+
+    // y noted by nothing now; a read of it on its way across the change.
+    let w = h.fs.read_starting(y);
+    change_through_x().await;
+    assert!(
+        told().contains(&y),
+        "a read of y on its way, not dropped by the change"
+    );
+    h.fs.read_answered(w);
+    h.fs.kernel_caches().settled().await;
+    assert_eq!(
+        told(),
+        vec![y],
+        "answered across a change, not dropped again"
+    );
+    change_through_x().await;
+    assert!(told().contains(&y), "not noted once answered");
+    change_through_x().await;
+    assert!(!told().contains(&y), "the read still counted as on its way");
 }
 
 /// Links made on the server: each name is an inode of its own here (SFTP v3 cannot tell
