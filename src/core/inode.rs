@@ -284,13 +284,12 @@ impl InodeTable {
     /// of them must go.
     pub fn take_shared_cached(&mut self, changed: Ino) -> Vec<Ino> {
         let kept = self.shared_cached.remove(&changed);
-        let mut taken: Vec<Ino> = self.shared_cached.drain().collect();
+        let reading = self.reading.keys().filter(|&&r| r != changed);
+        self.shared_cached.extend(reading);
+        let taken = self.shared_cached.drain().collect();
         if kept {
             self.shared_cached.insert(changed);
         }
-        let reading = self.reading.keys().filter(|&&r| r != changed);
-        let reading: Vec<Ino> = reading.filter(|r| !taken.contains(r)).copied().collect();
-        taken.extend(reading);
         taken
     }
 

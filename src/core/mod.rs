@@ -243,14 +243,23 @@ struct DirHandle {
 /// [`Fs::read_along_len`]).
 pub const READ_ALONG_BYTES: u64 = 8 * 1024 * 1024;
 
-/// A kernel read on its way, from [`Fs::read_starting`] to [`Fs::read_answered`].
-#[must_use = "pass it to Fs::read_answered once the read is answered"]
-pub struct ReadWatch {
+/// A kernel read on its way, from [`Fs::read_starting`] until it is dropped, once the read
+/// is answered (see [`Fs::read_answered`]; dropped on any path, a panic's too, so the count
+/// of reads on their way cannot be left behind).
+#[must_use = "keep it until the read is answered"]
+pub struct ReadWatch<R: Remote> {
+    fs: Arc<Fs<R>>,
     ino: Ino,
     /// Counted as being read ([`InodeTable::read_started`]).
     counted: bool,
     /// [`Fs::shared_changes`] before the read.
     since: u64,
+}
+
+impl<R: Remote> Drop for ReadWatch<R> {
+    fn drop(&mut self) {
+        self.fs.read_ended(self.ino, self.counted, self.since);
+    }
 }
 
 /// The first bytes of a file, read along with its open.
@@ -723,7 +732,9 @@ impl<R: Remote> Fs<R> {
             .collect();
         // Dropped and queued before the inode table is let go: a change right after (a
         // close's drop, which then waits for the kernel) finds these inodes taken, and must
-        // find what they had already marked changed and their kernel drop queued.
+        // find what they had already marked changed and their kernel drop queued. (Lookups
+        // and reads wait meanwhile, for as long as the metadata cache takes to drop what it
+        // holds of such files: a walk over their listings.)
         let mut cache = self.cache.lock().unwrap();
         cache.shared_data_changed();
         for (other, names) in &others {
@@ -758,36 +769,44 @@ impl<R: Remote> Fs<R> {
     /// fsync waits for the drop ([`kernel_caches::KernelCaches::settled`]). Without that, a read that
     /// fetched the old data before the change's writes landed, answered after the drop made
     /// once they were all answered, would leave the old data cached past the close.
-    pub fn read_starting(&self, ino: Ino) -> ReadWatch {
+    pub fn read_starting(self: &Arc<Self>, ino: Ino) -> ReadWatch<R> {
         let mut inodes = self.inodes.lock().unwrap();
         ReadWatch {
+            fs: self.clone(),
             ino,
             counted: inodes.read_started(ino),
             since: self.shared_changes(),
         }
     }
 
-    /// The read `w` ([`Fs::read_starting`]) has been answered to the kernel (or failed).
-    /// The kernel may keep the pages, so `ino` is noted as cached
-    /// ([`InodeTable::note_if_shared`]): the next change through another name drops them,
-    /// though no open, lookup or getattr of it (a descriptor open for long) notes it. And
-    /// if a file that may share its data with it (links made on the server) changed through
-    /// the mount while the read was on its way, the read may have fetched the old data
-    /// before the change landed: the kernel is told once more to drop its pages (the drops
-    /// of the change itself took them, see [`Fs::read_starting`]; this one is for pages the
-    /// kernel did not hold locked). Noted and compared under the inode table's lock, under
-    /// which [`Fs::shared_data_changed`] counts and takes the noted.
-    pub fn read_answered(&self, w: ReadWatch) {
+    /// The read `w` ([`Fs::read_starting`]) has been answered to the kernel (or failed): the
+    /// same as dropping `w`, said where it happens.
+    pub fn read_answered(&self, w: ReadWatch<R>) {
+        drop(w);
+    }
+
+    /// What dropping a [`ReadWatch`] does. The kernel may keep the read's pages, so `ino`
+    /// is noted as cached ([`InodeTable::note_if_shared`]): the next change through another
+    /// name drops them, though no open, lookup or getattr of it (a descriptor open for
+    /// long) notes it. And if a file that may share its data with it (links made on the
+    /// server) changed through the mount while the read was on its way, the read may have
+    /// fetched the old data before the change landed: the kernel is told once more to drop
+    /// its pages. A counted read was already taken by the change itself (see
+    /// [`Fs::read_starting`]); this matters for a file whose link count is not known, which
+    /// is never counted nor noted, and whose drop no close waits for. Noted and compared
+    /// under the inode table's lock, under which [`Fs::shared_data_changed`] counts and
+    /// takes the noted.
+    fn read_ended(&self, ino: Ino, counted: bool, since: u64) {
         let again = {
             let mut inodes = self.inodes.lock().unwrap();
-            if w.counted {
-                inodes.read_ended(w.ino);
+            if counted {
+                inodes.read_ended(ino);
             }
-            inodes.note_if_shared(w.ino);
-            self.shared_changes() != w.since && inodes.may_share_data(w.ino)
+            inodes.note_if_shared(ino);
+            self.shared_changes() != since && inodes.may_share_data(ino)
         };
         if again {
-            self.kernel_caches.invalidate(vec![w.ino]);
+            self.kernel_caches.invalidate(vec![ino]);
         }
     }
 
