@@ -4262,6 +4262,19 @@ async fn large_read_is_split_and_reassembled_with_a_short_read_at_eof() {
 
 /// What `ls -l` does through readdirplus (as the FUSE adapter answers it): every entry of
 /// `dir` with the entry it produced.
+/// Stands in for the kernel's end of [`Fs::kernel_caches`], taking `delay` per inode to
+/// drop: the returned closure takes the inodes told to drop their caches since it last
+/// ran, in order.
+fn kernel_drops_recorded(h: &Harness, delay: Duration) -> impl Fn() -> Vec<Ino> {
+    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let t = told.clone();
+    h.fs.kernel_caches().connect(Box::new(move |ino| {
+        std::thread::sleep(delay);
+        t.lock().unwrap().push(ino)
+    }));
+    move || std::mem::take(&mut *told.lock().unwrap())
+}
+
 async fn list_plus(h: &Harness, dir: Ino) -> Vec<(OsString, super::Entry)> {
     let dh = h.fs.opendir(dir).await.unwrap();
     let mut out = Vec::new();
@@ -4376,10 +4389,7 @@ async fn rename_onto_another_link_of_the_same_file_is_a_no_op() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_answered_across_a_change_through_another_name_is_dropped_again() {
     let h = Harness::new();
-    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let t = told.clone();
-    h.fs.kernel_caches()
-        .connect(Box::new(move |ino| t.lock().unwrap().push(ino)));
+    let told = kernel_drops_recorded(&h, Duration::ZERO);
     std::fs::write(h.disk("x"), b"data").unwrap();
     std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
     std::fs::write(h.disk("z"), b"z").unwrap();
@@ -4391,10 +4401,7 @@ async fn a_read_answered_across_a_change_through_another_name_is_dropped_again()
     );
     h.fs.read_answered(h.fs.read_starting(y));
     h.fs.kernel_caches().settled().await;
-    assert!(
-        told.lock().unwrap().is_empty(),
-        "no change, yet y was dropped"
-    );
+    assert!(told().is_empty(), "no change, yet y was dropped");
 
     // Started before the change through x, which comes while they are on their way.
     let (wy, wz) = (h.fs.read_starting(y), h.fs.read_starting(z));
@@ -4402,15 +4409,11 @@ async fn a_read_answered_across_a_change_through_another_name_is_dropped_again()
     h.write(fh, 0, b"DATA").await;
     h.fs.flush(fh).await.unwrap();
     h.fs.kernel_caches().settled().await;
-    told.lock().unwrap().clear();
+    told();
     h.fs.read_answered(wy);
     h.fs.read_answered(wz);
     h.fs.kernel_caches().settled().await;
-    assert_eq!(
-        *told.lock().unwrap(),
-        vec![y],
-        "y not dropped again (or z was)"
-    );
+    assert_eq!(told(), vec![y], "y not dropped again (or z was)");
     h.fs.release(fh).await.unwrap();
 }
 
@@ -4422,11 +4425,7 @@ async fn a_read_answered_across_a_change_through_another_name_is_dropped_again()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_answered_is_dropped_by_the_next_change_through_another_name() {
     let h = Harness::new();
-    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let t = told.clone();
-    h.fs.kernel_caches()
-        .connect(Box::new(move |ino| t.lock().unwrap().push(ino)));
-    let told = move || std::mem::take(&mut *told.lock().unwrap());
+    let told = kernel_drops_recorded(&h, Duration::ZERO);
     std::fs::write(h.disk("x"), b"data").unwrap();
     std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
     list_plus(&h, ROOT).await;
@@ -4479,14 +4478,8 @@ async fn a_read_answered_is_dropped_by_the_next_change_through_another_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_made_links_are_cached_until_a_change_through_another_name() {
     let h = Harness::new();
-    let told = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let t = told.clone();
     // A kernel slow to drop its caches: a close must wait for it all the same.
-    h.fs.kernel_caches().connect(Box::new(move |ino| {
-        std::thread::sleep(Duration::from_millis(20));
-        t.lock().unwrap().push(ino)
-    }));
-    let told = move || std::mem::take(&mut *told.lock().unwrap());
+    let told = kernel_drops_recorded(&h, Duration::from_millis(20));
     std::fs::write(h.disk("x"), b"data").unwrap();
     std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
     std::fs::write(h.disk("z"), b"z").unwrap();
