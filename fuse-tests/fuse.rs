@@ -619,6 +619,73 @@ fn server_changes_show_after_the_ttl() {
     );
 }
 
+/// `stat` of each of `names` in `dir` of the mount fails with ENOENT, `times` times over;
+/// returns how many requests the kernel sent the mount meanwhile.
+fn requests_for_absent_names(m: &TestMount, dir: &str, names: &[&str], times: usize) -> u64 {
+    let before = status_counter(&m.mnt, "ops");
+    for _ in 0..times {
+        for n in names {
+            assert_errno(
+                fs::metadata(m.p(format!("{dir}/{n}"))),
+                libc::ENOENT,
+                &format!("stat of {dir}/{n}, absent"),
+            );
+        }
+    }
+    status_counter(&m.mnt, "ops") - before
+}
+
+/// A name found absent is remembered by the kernel (a negative dentry) for as long as the
+/// mount's own cache would give the same answer: a compiler's `-I` search asks every
+/// directory for the same missing headers, file after file, and each ask was a request to the
+/// mount. The mount's own changes to such a name show at once, whatever makes them.
+#[test]
+fn absent_names_are_remembered_by_the_kernel_until_the_mount_changes_them() {
+    let m = TestMount::start(&[]);
+    fs::create_dir(m.e("inc")).unwrap();
+    fs::write(m.e("inc/there.h"), b"x").unwrap();
+    let missing = ["a.h", "b", "c", "d", "e"];
+    requests_for_absent_names(&m, "inc", &missing, 1);
+    let asked = requests_for_absent_names(&m, "inc", &missing, 20);
+    // 100 stats. (Each lapse of the 5 s negative TTL, on a machine that stalls that long,
+    // costs one request per name: the bound leaves room for three.)
+    assert!(
+        asked < 20,
+        "{asked} requests for 100 stats of names known to be absent"
+    );
+    // The mount's own changes take the place of what the kernel kept, at once.
+    fs::write(m.p("inc/a.h"), b"made").unwrap();
+    assert_eq!(fs::read(m.p("inc/a.h")).unwrap(), b"made");
+    fs::create_dir(m.p("inc/b")).unwrap();
+    assert!(fs::metadata(m.p("inc/b")).unwrap().is_dir());
+    std::os::unix::fs::symlink("there.h", m.p("inc/c")).unwrap();
+    assert_eq!(fs::read(m.p("inc/c")).unwrap(), b"x");
+    fs::hard_link(m.p("inc/there.h"), m.p("inc/d")).unwrap();
+    assert_eq!(fs::read(m.p("inc/d")).unwrap(), b"x");
+    fs::rename(m.p("inc/a.h"), m.p("inc/e")).unwrap();
+    assert_eq!(fs::read(m.p("inc/e")).unwrap(), b"made");
+    assert_errno(
+        fs::metadata(m.p("inc/a.h")),
+        libc::ENOENT,
+        "a.h renamed away",
+    );
+    assert_eq!(fs::read(m.e("inc/e")).unwrap(), b"made");
+    assert!(fs::metadata(m.e("inc/b")).unwrap().is_dir());
+}
+
+/// With `negative_timeout=0` nothing absent is remembered, by the kernel either: every `stat`
+/// of a missing name is a request to the mount.
+#[test]
+fn absent_names_are_not_remembered_with_negative_timeout_0() {
+    let m = TestMount::start(&["negative_timeout=0"]);
+    fs::create_dir(m.e("inc")).unwrap();
+    let asked = requests_for_absent_names(&m, "inc", &["a.h"], 20);
+    assert!(
+        asked >= 20,
+        "{asked} requests for 20 stats of a missing name"
+    );
+}
+
 /// A small file opened for reading gets its first bytes along with the open (the READ sent
 /// behind the OPEN, on the handle OpenSSH will give it): each `read` of a file whose size the
 /// mount knows costs one round trip, and gives the file's bytes.

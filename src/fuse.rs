@@ -111,6 +111,28 @@ fn fuse_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes sent with a lookup's "no such name" answer (inode 0): the kernel reads
+/// only the inode number and the TTL.
+fn absent_attr() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
 fn reply_entry(reply: ReplyEntry, r: Result<Entry, FsError>) {
     match r {
         Ok(e) => reply.entry_with_ttls(
@@ -167,7 +189,22 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         let fs = self.fs.clone();
         let name = name.to_owned();
         self.spawn("lookup", req, async move {
-            reply_entry(reply, fs.lookup(parent.0, &name).await)
+            match fs.lookup(parent.0, &name).await {
+                // An absent name is answered as an entry of inode 0, which the kernel keeps as
+                // a negative dentry for the TTL given (an ENOENT it keeps not at all): a
+                // compiler's `-I` search, Python's and make's probes ask for the same missing
+                // names over and over, each a request to the mount otherwise.
+                Err(e) if e.errno == libc::ENOENT => {
+                    let ttl = fs.absence_ttl(parent.0, &name);
+                    if ttl.is_zero() {
+                        reply.error(errno(&e));
+                    } else {
+                        tracing::debug!("{e} (kept by the kernel for {ttl:?})");
+                        reply.entry(&ttl, &absent_attr(), Generation(0));
+                    }
+                }
+                r => reply_entry(reply, r),
+            }
         });
     }
 

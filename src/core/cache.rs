@@ -295,6 +295,30 @@ impl MetaCache {
         }
     }
 
+    /// How much longer this cache answers that `name` is not in `parent`: what is left of its
+    /// negative entry, or of a listing of `parent` that does not show it, at most the negative
+    /// TTL ("no such file" answers are kept no longer than that, wherever they come from).
+    /// None: it does not know, and would ask (always so with a negative TTL of 0).
+    pub fn absent_for(&self, parent: Ino, name: &OsStr) -> Option<Duration> {
+        let now = Instant::now();
+        let negative = self
+            .negative
+            .peek(&(parent, name.to_os_string()))
+            .filter(|until| **until > now);
+        let until = match negative {
+            Some(until) => *until,
+            None => match self.dirs.peek(&parent) {
+                Some((listing, until))
+                    if *until > now && !listing.iter().any(|e| e.name == name) =>
+                {
+                    *until
+                }
+                _ => return None,
+            },
+        };
+        Some((until - now).min(self.config.negative_ttl)).filter(|left| !left.is_zero())
+    }
+
     pub fn put_negative(&mut self, parent: Ino, name: &OsStr) {
         if self.config.negative_ttl.is_zero() {
             return;
@@ -643,5 +667,46 @@ mod tests {
         c.name_changed(1, OsStr::new("a"));
         assert!(!c.is_negative(1, OsStr::new("a")));
         assert_eq!(c.lookup_in_dir(1, OsStr::new("a")), None);
+    }
+
+    /// What the kernel may keep of an absence: what is left of the cache's own answer, a
+    /// listing's included, and never more than the negative TTL.
+    #[test]
+    fn absent_for_is_what_is_left_of_the_answer_at_most_the_negative_ttl() {
+        // Long TTLs: no stall of the test thread can run them out.
+        let config = CacheConfig {
+            negative_ttl: Duration::from_secs(100),
+            dir_ttl: Duration::from_secs(1000),
+            ..CacheConfig::default()
+        };
+        let mut c = MetaCache::new(config);
+        let at_most_negative_ttl =
+            |d: Option<Duration>| d.is_some_and(|d| !d.is_zero() && d <= Duration::from_secs(100));
+        assert_eq!(c.absent_for(1, OsStr::new("a")), None, "nothing known");
+        c.put_negative(1, OsStr::new("a"));
+        assert!(at_most_negative_ttl(c.absent_for(1, OsStr::new("a"))));
+        assert_eq!(c.absent_for(2, OsStr::new("a")), None, "another directory");
+        // A listing answers for the names it lacks, for at most the negative TTL.
+        c.put_dir(
+            2,
+            Arc::new(vec![DirEntry {
+                name: "f".into(),
+                attrs: attrs(1).attrs,
+                nlink: None,
+            }]),
+        );
+        assert!(at_most_negative_ttl(c.absent_for(2, OsStr::new("a"))));
+        assert_eq!(c.absent_for(2, OsStr::new("f")), None, "listed");
+        // Expired answers give nothing.
+        c.expire_all();
+        assert_eq!(c.absent_for(1, OsStr::new("a")), None);
+        assert_eq!(c.absent_for(2, OsStr::new("a")), None);
+        // A negative TTL of 0: listings do not answer for absent names either.
+        let mut c = MetaCache::new(CacheConfig {
+            negative_ttl: Duration::ZERO,
+            ..config
+        });
+        c.put_dir(2, Arc::new(vec![]));
+        assert_eq!(c.absent_for(2, OsStr::new("a")), None);
     }
 }

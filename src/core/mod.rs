@@ -1224,6 +1224,19 @@ impl<R: Remote> Fs<R> {
         Ok(entry)
     }
 
+    /// After a lookup found `name` absent from `parent`: how long the kernel may remember
+    /// that (a negative dentry) without asking again. As long as this mount's own caches would
+    /// answer the same, and no longer: the kernel sees the mount's own creates itself (they
+    /// go through it), and a name made on the server shows within the negative TTL as
+    /// before. Zero: the kernel must ask every time (nothing cached, or `negative_ttl = 0`).
+    pub fn absence_ttl(&self, parent: Ino, name: &OsStr) -> Duration {
+        self.cache
+            .lock()
+            .unwrap()
+            .absent_for(parent, name)
+            .unwrap_or(Duration::ZERO)
+    }
+
     async fn lookup_name(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
         let path = self.child_path(parent, name)?;
         // A name the kernel knows as a symlink stays one while it holds the inode (it made
