@@ -3086,3 +3086,39 @@ fn check_says_allowed_or_which_rule_refuses() {
         "{err}"
     );
 }
+
+/// Under a policy that keeps "no such file" answers for 10 minutes: a name found absent in a
+/// directory, then put there on the server, is kept absent by the kernel (the premise); once
+/// the server refuses to remove the directory as not empty, the kernel is told to drop what
+/// it kept, and the file reads through the mount long before the 10 minutes, without a
+/// listing of the directory in between.
+#[test]
+fn a_name_kept_absent_reads_once_the_server_refuses_its_directory_as_not_empty() {
+    let sshd = TestSshd::start();
+    let m = mount_policy(
+        &sshd,
+        "[cache]\nnegative_ttl = 600\n",
+        &["negative_timeout=600"],
+    );
+    let ops = || mount_status(&m.mnt)["ops"].as_u64().expect("ops in status");
+    fs::create_dir(m.p("d")).unwrap();
+    assert_errno(
+        fs::metadata(m.p("d/made")),
+        libc::ENOENT,
+        "before it is made",
+    );
+    fs::write(m.e("d/made"), b"on the server").unwrap();
+    let before = ops();
+    assert_errno(fs::metadata(m.p("d/made")), libc::ENOENT, "kept absent");
+    assert_eq!(
+        ops(),
+        before,
+        "the kernel keeps the answer (the premise of this test)"
+    );
+    assert_errno(fs::remove_dir(m.p("d")), libc::ENOTEMPTY, "rmdir");
+    // The kernel is told from a thread of the mount's own, right after the refusal.
+    assert!(
+        eventually(|| fs::read(m.p("d/made")).is_ok_and(|b| b == b"on the server")),
+        "the name stays absent after the refusal"
+    );
+}

@@ -476,6 +476,14 @@ fn run_inner(
             tracing::trace!(ino, "inval_inode: {e}");
         }
     }));
+    let notifier = session.notifier();
+    fs.kernel_caches()
+        .connect_names(Box::new(move |parent, name| {
+            // ENOENT: the kernel has no entry for the name (or no longer knows the directory).
+            if let Err(e) = notifier.inval_entry(fuser::INodeNo(parent), name) {
+                tracing::trace!(parent, ?name, "inval_entry: {e}");
+            }
+        }));
     set_readahead(
         &mountpoint,
         req.options.max_readahead.unwrap_or(DEFAULT_READAHEAD),

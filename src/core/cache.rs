@@ -298,25 +298,27 @@ impl MetaCache {
     /// How much longer this cache answers that `name` is not in `parent`: what is left of its
     /// negative entry, or of a listing of `parent` that does not show it, at most the negative
     /// TTL ("no such file" answers are kept no longer than that, wherever they come from).
-    /// None: it does not know, and would ask (always so with a negative TTL of 0).
-    pub fn absent_for(&self, parent: Ino, name: &OsStr) -> Option<Duration> {
+    /// An answer a listing gives is kept as a negative entry for as long: what drops the
+    /// negative entries of a directory ([`MetaCache::listing_contradicted`]) then knows the
+    /// kernel may be keeping that answer too. None: it does not know, and would ask (always
+    /// so with a negative TTL of 0).
+    pub fn absent_for(&mut self, parent: Ino, name: &OsStr) -> Option<Duration> {
         let now = Instant::now();
-        let negative = self
-            .negative
-            .peek(&(parent, name.to_os_string()))
-            .filter(|until| **until > now);
-        let until = match negative {
-            Some(until) => *until,
-            None => match self.dirs.peek(&parent) {
-                Some((listing, until))
-                    if *until > now && !listing.iter().any(|e| e.name == name) =>
-                {
-                    *until
-                }
-                _ => return None,
-            },
+        let key = (parent, name.to_os_string());
+        if let Some(until) = self.negative.peek(&key).filter(|until| **until > now) {
+            return Some((*until - now).min(self.config.negative_ttl)).filter(|d| !d.is_zero());
+        }
+        let until = match self.dirs.peek(&parent) {
+            Some((listing, until)) if *until > now && !listing.iter().any(|e| e.name == name) => {
+                (*until).min(now + self.config.negative_ttl)
+            }
+            _ => return None,
         };
-        Some((until - now).min(self.config.negative_ttl)).filter(|left| !left.is_zero())
+        if until <= now {
+            return None;
+        }
+        self.negative.put(key, until);
+        Some(until - now)
     }
 
     pub fn put_negative(&mut self, parent: Ino, name: &OsStr) {
@@ -343,7 +345,8 @@ impl MetaCache {
     /// we knew of its names (its listing, names known to be absent) is dropped, so that the
     /// next look (`ls` after the failed `rm -rf`) asks the server, and a listing on its way
     /// from before is not trusted either.
-    pub fn listing_contradicted(&mut self, dir: Ino) {
+    /// Returns the names whose negative entries were dropped.
+    pub fn listing_contradicted(&mut self, dir: Ino) -> Vec<OsString> {
         self.names_changed_in(dir);
         self.dirs.pop(&dir);
         self.attrs.pop(&dir);
@@ -353,9 +356,13 @@ impl MetaCache {
             .filter(|((parent, _), _)| *parent == dir)
             .map(|(key, _)| key.clone())
             .collect();
-        for key in absent {
-            self.negative.pop(&key);
-        }
+        absent
+            .into_iter()
+            .map(|key| {
+                self.negative.pop(&key);
+                key.1
+            })
+            .collect()
     }
 
     /// `entry` was created in `parent` through the mount. A cached listing of `parent` stays
@@ -400,6 +407,7 @@ impl MetaCache {
             return;
         }
         self.note_shared(dir, &listing);
+        self.drop_negatives_listed(dir, &listing);
         self.dirs
             .put(dir, (listing, Instant::now() + self.config.dir_ttl));
     }
@@ -450,7 +458,18 @@ impl MetaCache {
             return;
         }
         self.note_shared(dir, &listing);
+        self.drop_negatives_listed(dir, &listing);
         self.dirs.put(dir, (listing, until));
+    }
+
+    /// A listing newer than a negative entry of a name it shows answers for that name.
+    fn drop_negatives_listed(&mut self, dir: Ino, listing: &[DirEntry]) {
+        if self.negative.is_empty() {
+            return;
+        }
+        for e in listing {
+            self.negative.pop(&(dir, e.name.clone()));
+        }
     }
 
     fn note_shared(&mut self, dir: Ino, listing: &[DirEntry]) {

@@ -1,4 +1,5 @@
-//! Dropping what the kernel caches of inodes (attributes and pages), on the mount's word.
+//! Dropping what the kernel caches of inodes (attributes and pages) and of names (entries),
+//! on the mount's word.
 //!
 //! The kernel keeps an inode's attributes for the TTL the mount answered with, and its pages
 //! until an open without `keep_cache` or a read that finds the attributes expired and moved.
@@ -13,7 +14,14 @@
 //! only the mount's other threads can answer. So the threads serving requests never send
 //! one; a request that must not be answered before the kernel has dropped what it had (a
 //! close, an fsync, a setattr after a change) waits for [`KernelCaches::settled`] instead.
+//!
+//! Names: the kernel keeps a name the mount found absent for a while (see
+//! `Fs::absence_ttl`), and a name it was told of. When the mount learns that what it said of
+//! a name may be wrong (an operation on it failed after the server may have carried it out;
+//! the server refused to remove a directory the mount thought empty), it drops its own
+//! knowledge and has the kernel drop its entry too (`FUSE_NOTIFY_INVAL_ENTRY`).
 
+use std::ffi::{OsStr, OsString};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Mutex};
 
@@ -23,12 +31,21 @@ use super::inode::Ino;
 /// its pages). Errors (the kernel does not know the inode any more) are of no interest.
 pub type Notify = Box<dyn Fn(Ino) + Send + 'static>;
 
-/// The queue of inodes whose kernel caches must go, and the thread that empties it.
+/// Sends the kernel's notification to drop its entry for a name in a directory (positive or
+/// negative: the next use of the name is looked up again).
+pub type NotifyName = Box<dyn Fn(Ino, &OsStr) + Send + 'static>;
+
+/// Names (directory, name) whose kernel entries are to go.
+pub type Names = Vec<(Ino, OsString)>;
+
+/// The queue of inodes whose kernel caches must go, and the thread that empties it; and the
+/// queue of names whose kernel entries must go, with a thread of its own.
 pub struct KernelCaches {
     queue: Mutex<Option<mpsc::Sender<Vec<Ino>>>>,
     /// Batches queued so far, and the count done as the thread reports it.
     queued: AtomicU64,
     done: tokio::sync::watch::Sender<u64>,
+    names: Mutex<Option<mpsc::Sender<Names>>>,
 }
 
 impl Default for KernelCaches {
@@ -37,6 +54,7 @@ impl Default for KernelCaches {
             queue: Mutex::new(None),
             queued: AtomicU64::new(0),
             done: tokio::sync::watch::Sender::new(0),
+            names: Mutex::new(None),
         }
     }
 }
@@ -81,6 +99,39 @@ impl KernelCaches {
         let target = self.queued.load(Ordering::Acquire);
         let mut done = self.done.subscribe();
         let _ = done.wait_for(|n| *n >= target).await;
+    }
+
+    /// Start sending notifications to drop names through `notify`. Without it (tests of the
+    /// core), they are dropped.
+    pub fn connect_names(&self, notify: NotifyName) {
+        let (tx, rx) = mpsc::channel::<Names>();
+        let spawned = std::thread::Builder::new()
+            .name("kernel-names".into())
+            .spawn(move || {
+                while let Ok(names) = rx.recv() {
+                    for (parent, name) in names {
+                        notify(parent, &name);
+                    }
+                }
+            });
+        match spawned {
+            Ok(_) => *self.names.lock().unwrap() = Some(tx),
+            Err(e) => tracing::warn!("no thread for kernel name notifications: {e}"),
+        }
+    }
+
+    /// Have the kernel drop its entries for `names` (parent, name), soon after. Nothing can
+    /// wait for that: the kernel drops an entry under its directory's lock, which the request
+    /// that found the entry wrong (an `rmdir` refused, a `symlink` whose outcome is unknown)
+    /// holds until it is answered, as does a `chmod` of the directory that may be waiting for
+    /// [`KernelCaches::settled`]. So these go from a thread of their own, and are not counted.
+    pub fn forget_names(&self, names: Names) {
+        if names.is_empty() {
+            return;
+        }
+        if let Some(tx) = self.names.lock().unwrap().as_ref() {
+            let _ = tx.send(names);
+        }
     }
 }
 

@@ -1891,7 +1891,7 @@ impl<R: Remote> Fs<R> {
                 match self.remote.lstat(path).await {
                     Ok(a) => (a, since),
                     Err(e) => {
-                        self.cache.lock().unwrap().name_changed(parent, name);
+                        self.name_uncertain(parent, name);
                         return Err(self.explain(Op::Lookup, e, path, None).await);
                     }
                 }
@@ -2004,6 +2004,7 @@ impl<R: Remote> Fs<R> {
             Ok(a) => a,
             Err(e) => {
                 self.enforcer.quota.release_entry(None, 0);
+                self.made_or_not(parent, name, &e);
                 return Err(self.explain(Op::Mkdir, e, &path, None).await);
             }
         };
@@ -2035,6 +2036,7 @@ impl<R: Remote> Fs<R> {
         self.reserve_entry(&path)?;
         if let Err(e) = self.remote.symlink(target, &path).await {
             self.enforcer.quota.release_entry(None, 0);
+            self.made_or_not(parent, name, &e);
             return Err(self.explain(Op::Symlink, e, &path, None).await);
         }
         self.finish_create(parent, name, &path, None, None, Some(caller))
@@ -2133,7 +2135,7 @@ impl<R: Remote> Fs<R> {
                     );
                     fs.enforcer.quota.name_restored(given_back);
                     // Forget that it was removed: the next lookup finds it on the server.
-                    fs.cache.lock().unwrap().name_changed(parent, &name);
+                    fs.name_uncertain(parent, &name);
                 }
                 fs.removes_behind.land(parent, &name, failure);
             }
@@ -2195,11 +2197,31 @@ impl<R: Remote> Fs<R> {
     }
 
     /// The server refused to remove directory `dir` (or to rename one over it) as not
-    /// empty: see [`MetaCache::listing_contradicted`].
+    /// empty: see [`MetaCache::listing_contradicted`]. The names it had answered as absent
+    /// may be what is in the way: the kernel drops what it kept of those answers too.
     fn listing_contradicted(&self, dir: Option<Ino>) {
         if let Some(dir) = dir {
-            self.cache.lock().unwrap().listing_contradicted(dir);
+            let absent = self.cache.lock().unwrap().listing_contradicted(dir);
+            self.kernel_caches
+                .forget_names(absent.into_iter().map(|n| (dir, n)).collect());
         }
+    }
+
+    /// A request making `name` in `parent` failed with `e`: if the connection went, the server
+    /// may have made it all the same.
+    fn made_or_not(&self, parent: Ino, name: &OsStr, e: &RemoteError) {
+        if e.is_connection_error() {
+            self.name_uncertain(parent, name);
+        }
+    }
+
+    /// What the mount knew of `name` in `parent` may be wrong: an operation on it failed after
+    /// the server may have carried it out. Forgotten here, and by the kernel (which may keep
+    /// the name as absent, from the lookup made before the operation, or as what it was).
+    fn name_uncertain(&self, parent: Ino, name: &OsStr) {
+        self.cache.lock().unwrap().name_changed(parent, name);
+        self.kernel_caches
+            .forget_names(vec![(parent, name.to_os_string())]);
     }
 
     /// `name` in `parent` was removed through the mount: the inode loses that name (and a
@@ -2310,10 +2332,13 @@ impl<R: Remote> Fs<R> {
         let _change = self.names.start(&[&from, &to]);
         if let Err(e) = self.remote.rename(&from, &to, mode).await {
             if e.is_connection_error() {
-                // Carried out or not, nobody can tell: neither file is opened by name again.
+                // Carried out or not, nobody can tell: neither file is opened by name again,
+                // and both names are looked up again.
                 for ino in [source_ino, target].into_iter().flatten() {
                     self.names.set_uncertain(ino);
                 }
+                self.name_uncertain(parent, name);
+                self.name_uncertain(new_parent, new_name);
             }
             let mut err = self.explain(Op::Rename, e, &to, Some(&from)).await;
             // Plain SFTP RENAME refuses an existing target with the generic FAILURE.
@@ -2334,10 +2359,10 @@ impl<R: Remote> Fs<R> {
         {
             // The source has links the mount does not know by name, and is still there after
             // the rename: the target was another link of the same file (made on the server),
-            // and the server did nothing. Nothing moved; what we knew of both names may be off.
-            let mut cache = self.cache.lock().unwrap();
-            cache.name_changed(parent, name);
-            cache.name_changed(new_parent, new_name);
+            // and the server did nothing. Nothing moved (the kernel, told it did, is told to
+            // look both names up again); what we knew of both names may be off.
+            self.name_uncertain(parent, name);
+            self.name_uncertain(new_parent, new_name);
             return Ok(());
         }
         let replaced_node = {
@@ -2419,6 +2444,7 @@ impl<R: Remote> Fs<R> {
             Ok(attrs) => attrs,
             Err(e) => {
                 self.enforcer.quota.unreserve_link(ino, size);
+                self.made_or_not(new_parent, new_name, &e);
                 return Err(self.explain(Op::Link, e, &new, Some(&existing)).await);
             }
         };
@@ -2448,10 +2474,7 @@ impl<R: Remote> Fs<R> {
         let attrs = match attrs {
             Ok(a) => a,
             Err(e) => {
-                self.cache
-                    .lock()
-                    .unwrap()
-                    .name_changed(new_parent, new_name);
+                self.name_uncertain(new_parent, new_name);
                 return Err(self.explain(Op::Lookup, e, &new, None).await);
             }
         };
@@ -2835,6 +2858,7 @@ impl<R: Remote> Fs<R> {
             Ok(m) => m,
             Err(e) => {
                 self.enforcer.quota.release_entry(None, 0);
+                self.made_or_not(parent, name, &e);
                 let mut err = self.explain(Op::Create, e, &path, None).await;
                 // O_CREAT|O_EXCL over anything existing, a directory too, is EEXIST.
                 if flags.exclusive && err.errno == libc::EISDIR {

@@ -16,7 +16,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use super::cache::CacheConfig;
 use super::inode::Ino;
@@ -4260,8 +4260,6 @@ async fn large_read_is_split_and_reassembled_with_a_short_read_at_eof() {
 
 // ------------------------------------------------------------------------------ hard links
 
-/// What `ls -l` does through readdirplus (as the FUSE adapter answers it): every entry of
-/// `dir` with the entry it produced.
 /// Stands in for the kernel's end of [`Fs::kernel_caches`], taking `delay` per inode to
 /// drop: the returned closure takes the inodes told to drop their caches since it last
 /// ran, in order.
@@ -4275,6 +4273,36 @@ fn kernel_drops_recorded(h: &Harness, delay: Duration) -> impl Fn() -> Vec<Ino> 
     move || std::mem::take(&mut *told.lock().unwrap())
 }
 
+/// Stands in for the kernel's end of the names [`Fs::kernel_caches`] drops: the returned
+/// closure waits (up to 10 s: they are sent from a thread of their own) until `want` is among
+/// the names told to drop, and says whether it came.
+fn kernel_names_recorded(h: &Harness) -> impl Fn(Ino, &str) -> bool {
+    let told = Arc::new(std::sync::Mutex::new(Vec::<(Ino, OsString)>::new()));
+    let t = told.clone();
+    h.fs.kernel_caches()
+        .connect_names(Box::new(move |parent, name| {
+            t.lock().unwrap().push((parent, name.to_os_string()))
+        }));
+    move |parent, name| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if told
+                .lock()
+                .unwrap()
+                .contains(&(parent, OsString::from(name)))
+            {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+/// What `ls -l` does through readdirplus (as the FUSE adapter answers it): every entry of
+/// `dir` with the entry it produced.
 async fn list_plus(h: &Harness, dir: Ino) -> Vec<(OsString, super::Entry)> {
     let dh = h.fs.opendir(dir).await.unwrap();
     let mut out = Vec::new();
@@ -4868,11 +4896,13 @@ async fn cache_attributes_a_write_left_unknown_are_fetched_at_once_and_kept() {
 
 /// A directory the cached listing shows empty, which the server refuses to remove as not
 /// empty (a file was put there on the server): the listing is dropped, so that `ls` after the
-/// failed `rm -rf` shows what is in the way, as does a lookup of it. The same when a
-/// directory renamed over it is refused.
+/// failed `rm -rf` shows what is in the way, as does a lookup of it; and the kernel, which
+/// kept the name as absent, is told to drop that. The same when a directory renamed over it
+/// is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_a_directory_refused_as_not_empty_is_listed_afresh() {
     let h = Harness::new();
+    let kernel_told = kernel_names_recorded(&h);
     for (target, how) in [("d", "rmdir"), ("t", "rename over it")] {
         let dir = h.mkdir(ROOT, target).await;
         assert!(list_plus(&h, dir).await.is_empty());
@@ -4883,6 +4913,12 @@ async fn cache_a_directory_refused_as_not_empty_is_listed_afresh() {
                 .is_err(),
             "the cached listing is what answers (the premise of this test)"
         );
+        assert!(
+            !h.fs
+                .absence_ttl(dir, OsStr::new("made-on-server"))
+                .is_zero(),
+            "the kernel would keep the answer (the premise of this test)"
+        );
         let refused = match how {
             "rmdir" => h.fs.rmdir(ROOT, OsStr::new(target)).await,
             _ => {
@@ -4892,6 +4928,14 @@ async fn cache_a_directory_refused_as_not_empty_is_listed_afresh() {
             }
         };
         assert_eq!(refused.map_err(|e| e.errno), Err(libc::ENOTEMPTY), "{how}");
+        assert!(
+            kernel_told(dir, "made-on-server"),
+            "the kernel is not told to drop the name after the refused {how}"
+        );
+        assert!(h
+            .fs
+            .absence_ttl(dir, OsStr::new("made-on-server"))
+            .is_zero());
         let names: Vec<_> = list_plus(&h, dir)
             .await
             .into_iter()
@@ -6204,11 +6248,13 @@ async fn unlink_behind_then_server_lookups_wait_for_it() {
 }
 
 /// The server refuses an unlink answered early: the name comes back (lookup finds it, the
-/// quota charges it again), fsync of the directory reports the error once, an rmdir of the
-/// directory fails as it must, and the next unlinks there wait for the server's answer.
+/// quota charges it again, the kernel is told to drop what it kept of the name), fsync of the
+/// directory reports the error once, an rmdir of the directory fails as it must, and the next
+/// unlinks there wait for the server's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlink_behind_refused_puts_the_name_back_and_is_reported() {
     let h = Harness::new();
+    let kernel_told = kernel_names_recorded(&h);
     let quota = &h.fs.enforcer().quota;
     let d = h.mkdir(ROOT, "d").await;
     for name in ["a", "b"] {
@@ -6227,6 +6273,11 @@ async fn unlink_behind_refused_puts_the_name_back_and_is_reported() {
     );
     h.fs.fsyncdir(d).await.unwrap();
     assert!(h.disk("d/a").exists());
+    // The kernel may have kept the name as absent from a lookup in between: it drops that.
+    assert!(
+        kernel_told(d, "a"),
+        "the kernel is not told the name is back"
+    );
     assert_eq!(quota.usage(), used, "charged again");
     let a = h.lookup(d, "a").await;
     assert_eq!(h.size(a, None).await, 100);
