@@ -3087,18 +3087,22 @@ fn check_says_allowed_or_which_rule_refuses() {
     );
 }
 
-/// Under a policy that keeps "no such file" answers for 10 minutes: a name found absent in a
-/// directory, then put there on the server, is kept absent by the kernel (the premise); once
-/// the server refuses to remove the directory as not empty, the kernel is told to drop what
-/// it kept, and the file reads through the mount long before the 10 minutes, without a
-/// listing of the directory in between.
+/// Under a policy that keeps "no such file" answers and listings for 10 minutes: a name found
+/// absent in a directory, then put there on the server, is kept absent by the kernel (the
+/// premise); once the server refuses to remove the directory as not empty, the kernel is told
+/// to drop what it kept, and the file reads through the mount long before the 10 minutes,
+/// without a listing of the directory in between.
 #[test]
 fn a_name_kept_absent_reads_once_the_server_refuses_its_directory_as_not_empty() {
     let sshd = TestSshd::start();
     let m = mount_policy(
         &sshd,
-        "[cache]\nnegative_ttl = 600\n",
-        &["negative_timeout=600"],
+        "[cache]\nnegative_ttl = 600\nentry_ttl = 600\n",
+        &[
+            "negative_timeout=600",
+            "entry_timeout=600",
+            "dcache_timeout=600",
+        ],
     );
     let ops = || mount_status(&m.mnt)["ops"].as_u64().expect("ops in status");
     fs::create_dir(m.p("d")).unwrap();

@@ -479,7 +479,6 @@ fn run_inner(
     let notifier = session.notifier();
     fs.kernel_caches()
         .connect_names(Box::new(move |parent, name| {
-            // ENOENT: the kernel has no entry for the name (or no longer knows the directory).
             if let Err(e) = notifier.inval_entry(fuser::INodeNo(parent), name) {
                 tracing::trace!(parent, ?name, "inval_entry: {e}");
             }

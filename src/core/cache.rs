@@ -300,8 +300,9 @@ impl MetaCache {
     /// TTL ("no such file" answers are kept no longer than that, wherever they come from).
     /// An answer a listing gives is kept as a negative entry for as long: what drops the
     /// negative entries of a directory ([`MetaCache::listing_contradicted`]) then knows the
-    /// kernel may be keeping that answer too. None: it does not know, and would ask (always
-    /// so with a negative TTL of 0).
+    /// kernel may be keeping that answer too (short of `max_entries`: an entry the LRU lets go
+    /// is not reported, and the kernel keeps it for the rest of its TTL). None: it does not
+    /// know, and would ask (always so with a negative TTL of 0).
     pub fn absent_for(&mut self, parent: Ino, name: &OsStr) -> Option<Duration> {
         let now = Instant::now();
         let key = (parent, name.to_os_string());
@@ -407,6 +408,8 @@ impl MetaCache {
             return;
         }
         self.note_shared(dir, &listing);
+        // (Names the kernel keeps as absent are not told here: a listing given this way is
+        // one the kernel reads, or an empty one.)
         self.drop_negatives_listed(dir, &listing);
         self.dirs
             .put(dir, (listing, Instant::now() + self.config.dir_ttl));
@@ -452,24 +455,36 @@ impl MetaCache {
     }
 
     /// Cache `dir`'s listing until `until` (a listing fetched ahead keeps the lifetime it had
-    /// from when it was asked for).
-    pub fn put_dir_until(&mut self, dir: Ino, listing: Arc<Vec<DirEntry>>, until: Instant) {
+    /// from when it was asked for). Returns the names it shows that were known absent.
+    pub fn put_dir_until(
+        &mut self,
+        dir: Ino,
+        listing: Arc<Vec<DirEntry>>,
+        until: Instant,
+    ) -> Vec<OsString> {
         if self.config.dir_ttl.is_zero() || until <= Instant::now() {
-            return;
+            return Vec::new();
         }
         self.note_shared(dir, &listing);
-        self.drop_negatives_listed(dir, &listing);
+        let shown = self.drop_negatives_listed(dir, &listing);
         self.dirs.put(dir, (listing, until));
+        shown
     }
 
-    /// A listing newer than a negative entry of a name it shows answers for that name.
-    fn drop_negatives_listed(&mut self, dir: Ino, listing: &[DirEntry]) {
+    /// A listing newer than a negative entry of a name it shows answers for that name: the
+    /// entry goes. Returns those names (the kernel may be keeping them as absent too).
+    fn drop_negatives_listed(&mut self, dir: Ino, listing: &[DirEntry]) -> Vec<OsString> {
         if self.negative.is_empty() {
-            return;
+            return Vec::new();
         }
-        for e in listing {
-            self.negative.pop(&(dir, e.name.clone()));
-        }
+        listing
+            .iter()
+            .filter_map(|e| {
+                self.negative
+                    .pop(&(dir, e.name.clone()))
+                    .map(|_| e.name.clone())
+            })
+            .collect()
     }
 
     fn note_shared(&mut self, dir: Ino, listing: &[DirEntry]) {

@@ -2217,11 +2217,23 @@ impl<R: Remote> Fs<R> {
 
     /// What the mount knew of `name` in `parent` may be wrong: an operation on it failed after
     /// the server may have carried it out. Forgotten here, and by the kernel (which may keep
-    /// the name as absent, from the lookup made before the operation, or as what it was).
+    /// the name as absent, from the lookup made before the operation, or as what it was),
+    /// unless it is a directory the kernel knows by that name: dropping that entry would
+    /// detach what is mounted below it and leave processes in it without a path to it, so
+    /// the kernel looks it up again when its entry TTL runs out, as before.
     fn name_uncertain(&self, parent: Ino, name: &OsStr) {
         self.cache.lock().unwrap().name_changed(parent, name);
-        self.kernel_caches
-            .forget_names(vec![(parent, name.to_os_string())]);
+        let is_dir = {
+            let inodes = self.inodes.lock().unwrap();
+            inodes
+                .child(parent, name)
+                .and_then(|i| inodes.kind(i))
+                .is_some_and(|k| k == FileKind::Dir)
+        };
+        if !is_dir {
+            self.kernel_caches
+                .forget_names(vec![(parent, name.to_os_string())]);
+        }
     }
 
     /// `name` in `parent` was removed through the mount: the inode loses that name (and a
@@ -3795,7 +3807,13 @@ impl<R: Remote> Fs<R> {
         // missing from it, or still in it: answer this request with it, but do not cache it
         // (it would hide the mount's own change from readdir and lookups until it expires).
         if !cache.changed_since(ino, since) {
-            cache.put_dir_until(ino, listing.clone(), until);
+            // Names it shows that were answered as absent: the kernel may keep them so (a
+            // listing the mount takes for itself is not one the kernel reads).
+            let shown = cache.put_dir_until(ino, listing.clone(), until);
+            drop(cache);
+            drop(inodes);
+            self.kernel_caches
+                .forget_names(shown.into_iter().map(|n| (ino, n)).collect());
         }
         listing
     }

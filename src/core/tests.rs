@@ -4913,6 +4913,8 @@ async fn cache_a_directory_refused_as_not_empty_is_listed_afresh() {
                 .is_err(),
             "the cached listing is what answers (the premise of this test)"
         );
+        // What the FUSE adapter asks after every absent answer (it also keeps the answer the
+        // listing gave as a negative entry, which the refusal below reports).
         assert!(
             !h.fs
                 .absence_ttl(dir, OsStr::new("made-on-server"))
@@ -4946,6 +4948,27 @@ async fn cache_a_directory_refused_as_not_empty_is_listed_afresh() {
             .await
             .unwrap_or_else(|e| panic!("lookup after the refused {how}: {e}"));
     }
+}
+
+/// A listing the mount takes that shows a name it had answered as absent (the name was made
+/// on the server since): the kernel, which may keep that answer, is told to drop it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_a_listing_showing_a_name_known_absent_tells_the_kernel() {
+    let h = Harness::new();
+    let kernel_told = kernel_names_recorded(&h);
+    let d = h.mkdir(ROOT, "d").await;
+    assert!(h.fs.lookup(d, os("made")).await.is_err());
+    // What the FUSE adapter asks after every absent answer.
+    assert!(!h.fs.absence_ttl(d, os("made")).is_zero());
+    std::fs::write(h.disk("d/made"), b"x").unwrap();
+    // The listing runs out (the negative entry with it) and is taken again.
+    h.fs.expire_cache();
+    let names: Vec<_> = list_plus(&h, d).await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["made"]);
+    assert!(
+        kernel_told(d, "made"),
+        "the kernel is not told that a name it may keep as absent is listed"
+    );
 }
 
 /// mkdir, rmdir and renames of directories through the mount (SFTP's attributes carry no link
