@@ -408,8 +408,8 @@ impl MetaCache {
             return;
         }
         self.note_shared(dir, &listing);
-        // (Names the kernel keeps as absent are not told here: a listing given this way is
-        // one the kernel reads, or an empty one.)
+        // (The names are not returned: the mount gives this way only the empty listing of a
+        // directory it just made.)
         self.drop_negatives_listed(dir, &listing);
         self.dirs
             .put(dir, (listing, Instant::now() + self.config.dir_ttl));
