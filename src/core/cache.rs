@@ -403,16 +403,11 @@ impl MetaCache {
         }
     }
 
+    /// [`MetaCache::put_dir_until`] for the full listing TTL. (The names it returns are not:
+    /// the mount gives this way only the empty listing of a directory it just made.)
     pub fn put_dir(&mut self, dir: Ino, listing: Arc<Vec<DirEntry>>) {
-        if self.config.dir_ttl.is_zero() {
-            return;
-        }
-        self.note_shared(dir, &listing);
-        // (The names are not returned: the mount gives this way only the empty listing of a
-        // directory it just made.)
-        self.drop_negatives_listed(dir, &listing);
-        self.dirs
-            .put(dir, (listing, Instant::now() + self.config.dir_ttl));
+        let until = Instant::now() + self.config.dir_ttl;
+        self.put_dir_until(dir, listing, until);
     }
 
     /// Keep a listing fetched ahead by `path` for a directory without an inode (yet). Dropped

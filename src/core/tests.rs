@@ -16,7 +16,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use super::cache::CacheConfig;
 use super::inode::Ino;
@@ -4274,8 +4274,8 @@ fn kernel_drops_recorded(h: &Harness, delay: Duration) -> impl Fn() -> Vec<Ino> 
 }
 
 /// Stands in for the kernel's end of the names [`Fs::kernel_caches`] drops: the returned
-/// closure waits (up to 10 s: they are sent from a thread of their own) until `want` is among
-/// the names told to drop, and says whether it came.
+/// closure says whether (parent, name) is among the names told to drop so far (they are sent
+/// from a thread of their own: wait for them with [`eventually`]).
 fn kernel_names_recorded(h: &Harness) -> impl Fn(Ino, &str) -> bool {
     let told = Arc::new(std::sync::Mutex::new(Vec::<(Ino, OsString)>::new()));
     let t = told.clone();
@@ -4284,20 +4284,9 @@ fn kernel_names_recorded(h: &Harness) -> impl Fn(Ino, &str) -> bool {
             t.lock().unwrap().push((parent, name.to_os_string()))
         }));
     move |parent, name| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if told
-                .lock()
-                .unwrap()
-                .contains(&(parent, OsString::from(name)))
-            {
-                return true;
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        told.lock()
+            .unwrap()
+            .contains(&(parent, OsString::from(name)))
     }
 }
 
@@ -4930,10 +4919,11 @@ async fn cache_a_directory_refused_as_not_empty_is_listed_afresh() {
             }
         };
         assert_eq!(refused.map_err(|e| e.errno), Err(libc::ENOTEMPTY), "{how}");
-        assert!(
-            kernel_told(dir, "made-on-server"),
-            "the kernel is not told to drop the name after the refused {how}"
-        );
+        eventually(
+            &format!("the kernel told to drop the name after the refused {how}"),
+            || kernel_told(dir, "made-on-server"),
+        )
+        .await;
         assert!(h
             .fs
             .absence_ttl(dir, OsStr::new("made-on-server"))
@@ -4965,10 +4955,11 @@ async fn cache_a_listing_showing_a_name_known_absent_tells_the_kernel() {
     h.fs.expire_cache();
     let names: Vec<_> = list_plus(&h, d).await.into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["made"]);
-    assert!(
-        kernel_told(d, "made"),
-        "the kernel is not told that a name it may keep as absent is listed"
-    );
+    eventually(
+        "the kernel told that a name it may keep as absent is listed",
+        || kernel_told(d, "made"),
+    )
+    .await;
 }
 
 /// mkdir, rmdir and renames of directories through the mount (SFTP's attributes carry no link
@@ -6297,10 +6288,10 @@ async fn unlink_behind_refused_puts_the_name_back_and_is_reported() {
     h.fs.fsyncdir(d).await.unwrap();
     assert!(h.disk("d/a").exists());
     // The kernel may have kept the name as absent from a lookup in between: it drops that.
-    assert!(
-        kernel_told(d, "a"),
-        "the kernel is not told the name is back"
-    );
+    eventually("the kernel told that the name is back", || {
+        kernel_told(d, "a")
+    })
+    .await;
     assert_eq!(quota.usage(), used, "charged again");
     let a = h.lookup(d, "a").await;
     assert_eq!(h.size(a, None).await, 100);
