@@ -42,10 +42,11 @@ fuse-test *args:
     scripts/ensure-deps.sh --fuse
     cargo test --test fuse "$@"
 
-# Long runs CI does not make: more fsx seeds, and fsx under connection drops (AWCP_FSX_SEEDS, AWCP_KILL_MS)
+# Long runs CI does not make: more seeds of the model checks (fsx, namespace), and fsx under connection drops (AWCP_FSX_SEEDS, AWCP_KILL_MS)
 soak:
     scripts/ensure-deps.sh --fuse
     AWCP_FSX_SEEDS="${AWCP_FSX_SEEDS:-10}" cargo test --release --test fuse fsx_random_operations_match_a_model
+    AWCP_FSX_SEEDS="${AWCP_FSX_SEEDS:-10}" cargo test --release --test fuse namespace_operations_match_a_local_directory
     AWCP_FSX_SEEDS="${AWCP_FSX_SEEDS:-10}" cargo test --release --test fuse -- --ignored --nocapture fsx_under_connection_drops
 
 # awcp-mount and sshfs side by side on one private sshd; writes bench/results/latest.md

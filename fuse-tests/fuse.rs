@@ -17,7 +17,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::ffi::{CString, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;
@@ -4260,15 +4260,20 @@ fn fsx_run_with(m: &TestMount, seed: u64, ops: usize, drops: bool) {
     );
 }
 
+/// `AWCP_FSX_SEEDS`: how many seeds the model checks run beyond CI's (`just soak`: 10).
+fn extra_seeds() -> u64 {
+    std::env::var("AWCP_FSX_SEEDS")
+        .ok()
+        .map(|n| n.parse().expect("AWCP_FSX_SEEDS: a number of seeds"))
+        .unwrap_or(0)
+}
+
 /// fsx-style model check on the default mount (caches on), and with every cache off: runs
 /// of 3,000 random operations each (see [`fsx_run`]). `AWCP_FSX_SEEDS=N` runs N more seeds
 /// on each mount, for a longer hunt than CI's.
 #[test]
 fn fsx_random_operations_match_a_model() {
-    let more: u64 = std::env::var("AWCP_FSX_SEEDS")
-        .ok()
-        .map(|n| n.parse().expect("AWCP_FSX_SEEDS: a number of seeds"))
-        .unwrap_or(0);
+    let more = extra_seeds();
     let m = TestMount::start(&[]);
     fsx_run(&m, 1, 3000);
     fsx_run(&m, 2, 3000);
@@ -4330,6 +4335,184 @@ fn fsx_under_connection_drops() {
         );
         std::panic::resume_unwind(e);
     }
+}
+
+// ------------------------------------------------------------ model check (namespace)
+
+/// Namespace model check on the default mount (caches on, absent names kept by the kernel)
+/// and on one that keeps names, listings and absences for ten minutes: runs of random
+/// creates, writes, unlinks, renames, mkdirs, rmdirs, hard links and symlinks, `stat`s and
+/// listings of names that exist and of names that do not (see [`namespace_run`]).
+/// `AWCP_FSX_SEEDS=N` runs N more seeds on each kind of mount.
+#[test]
+fn namespace_operations_match_a_local_directory() {
+    let long = "entry_timeout=600,attr_timeout=600,negative_timeout=600,dcache_timeout=600";
+    for seed in std::iter::once(1).chain(100..100 + extra_seeds()) {
+        namespace_run(TestMount::start(&[]), seed, 1500);
+        namespace_run(TestMount::start(&[long]), seed + 10_000, 1500);
+    }
+}
+
+/// The errno of a failed operation, to compare between the mount and a local directory.
+fn code_of(e: io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(-1)
+}
+
+/// Everything below `root`, sorted: each path with its kind and what it holds (a file's
+/// bytes, a symlink's target).
+fn tree_of(root: &Path) -> Vec<(PathBuf, String)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![PathBuf::new()];
+    while let Some(rel) = dirs.pop() {
+        for entry in fs::read_dir(root.join(&rel)).unwrap() {
+            let rel = rel.join(entry.unwrap().file_name());
+            let path = root.join(&rel);
+            let md = fs::symlink_metadata(&path).unwrap();
+            let what = if md.file_type().is_symlink() {
+                format!("symlink to {:?}", fs::read_link(&path).unwrap())
+            } else if md.is_dir() {
+                dirs.push(rel.clone());
+                "directory".to_string()
+            } else {
+                format!(
+                    "file {:?}",
+                    String::from_utf8_lossy(&fs::read(&path).unwrap())
+                )
+            };
+            out.push((rel, what));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// One run: `ops` random operations, each done in the mount and in a local directory (under
+/// the test's temporary directory), on names from a pool of three, mostly in directories
+/// that exist (at any depth), sometimes in any path of up to three levels: so the same path
+/// is made, looked up while absent, removed, renamed over and made again, below files
+/// (ENOTDIR), through symlinks and after renames of the directories above it. Each operation must come to the same result in both (success or
+/// the same errno), every 100 operations the whole trees must agree, and at the end, after
+/// the unmount (which waits for the unlinks answered early), the server's copy too. This is
+/// what catches a name cache, an absence kept by the kernel or an early answer that lets
+/// the mount disagree with its own changes.
+fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
+    const NAMES: [&str; 3] = ["a", "b", "c"];
+    let local = tempfile::tempdir().unwrap();
+    let (mnt, loc) = (m.p(format!("ns{seed}")), local.path().join("ns"));
+    fs::create_dir(&mnt).unwrap();
+    fs::create_dir(&loc).unwrap();
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut log: Vec<String> = Vec::new();
+    // Mostly a name in a directory that exists (so that most operations do something),
+    // sometimes any path (below a file, a symlink or nothing).
+    let random_path = |rng: &mut Rng| {
+        let mut p = PathBuf::new();
+        if rng.below(4) == 0 {
+            for _ in 0..rng.below(3) {
+                p.push(NAMES[rng.below(NAMES.len())]);
+            }
+        } else {
+            let dirs: Vec<PathBuf> = std::iter::once(PathBuf::new())
+                .chain(
+                    tree_of(&loc)
+                        .into_iter()
+                        .filter(|(_, what)| what == "directory")
+                        .map(|(rel, _)| rel),
+                )
+                .collect();
+            p = dirs[rng.below(dirs.len())].clone();
+        }
+        p.join(NAMES[rng.below(NAMES.len())])
+    };
+    // How often each operation comes, by its number below.
+    const WEIGHTS: [usize; 11] = [3, 1, 2, 2, 1, 2, 1, 1, 2, 1, 1];
+    for i in 0..ops {
+        let (p, q) = (random_path(&mut rng), random_path(&mut rng));
+        let data = format!("{seed}:{i}");
+        let mut pick = rng.below(WEIGHTS.iter().sum());
+        let op = WEIGHTS
+            .iter()
+            .position(|&w| {
+                pick < w || {
+                    pick -= w;
+                    false
+                }
+            })
+            .unwrap();
+        // A symlink's target: another name in its own directory, so that it never leads out
+        // of the workspace, nor to itself.
+        let own = p.file_name().unwrap().to_owned();
+        let target = NAMES.iter().find(|n| OsStr::new(n) != own).unwrap();
+        // Each operation as a function of the root it works in.
+        let run = |root: &Path| -> Result<String, i32> {
+            let (p, q) = (root.join(&p), root.join(&q));
+            let done = |r: io::Result<()>| r.map(|()| String::new()).map_err(code_of);
+            match op {
+                0 => done(
+                    OpenOptions::new()
+                        .write(true)
+                        .create_new(true)
+                        .open(&p)
+                        .and_then(|mut f| f.write_all(data.as_bytes())),
+                ),
+                1 => done(
+                    OpenOptions::new()
+                        .write(true)
+                        .truncate(true)
+                        .open(&p)
+                        .and_then(|mut f| f.write_all(data.as_bytes())),
+                ),
+                2 => done(fs::remove_file(&p)),
+                3 => done(fs::create_dir(&p)),
+                4 => done(fs::remove_dir(&p)),
+                5 => done(fs::rename(&p, &q)),
+                6 => done(fs::hard_link(&p, &q)),
+                7 => done(std::os::unix::fs::symlink(target, &p)),
+                8 => fs::symlink_metadata(&p)
+                    .map(|md| format!("{:?}", md.file_type()))
+                    .map_err(code_of),
+                9 => fs::read_dir(&p)
+                    .and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect())
+                    .map(|mut names: Vec<OsString>| {
+                        names.sort();
+                        format!("{names:?}")
+                    })
+                    .map_err(code_of),
+                _ => fs::read(&p)
+                    .map(|b| String::from_utf8_lossy(&b).into_owned())
+                    .map_err(code_of),
+            }
+        };
+        let want = run(&loc);
+        let got = run(&mnt);
+        log.push(format!("{i}: op {op} {p:?} {q:?} -> {want:?}"));
+        let tail = || log[log.len().saturating_sub(15)..].join("\n  ");
+        assert_eq!(
+            got,
+            want,
+            "seed {seed}: the mount (left) and a local directory (right) disagree, after:\n  {}",
+            tail()
+        );
+        if i % 100 == 99 {
+            assert_eq!(
+                tree_of(&mnt),
+                tree_of(&loc),
+                "seed {seed}: trees differ (mount left), after:\n  {}",
+                tail()
+            );
+        }
+    }
+    assert_eq!(
+        tree_of(&mnt),
+        tree_of(&loc),
+        "seed {seed}: trees differ at the end"
+    );
+    m.unmount().unwrap();
+    assert_eq!(
+        tree_of(&m.e(format!("ns{seed}"))),
+        tree_of(&loc),
+        "seed {seed}: the server's copy (left) differs after the unmount"
+    );
 }
 
 /// `copy_file_range(2)` on the mount, as cp calls it: the bytes copied, or the error.
