@@ -2586,6 +2586,52 @@ fn daemon_mode_unmount_and_busy_mount() {
     );
 }
 
+/// `awcp-mount umount` returns once the mount process has sent everything and exited: the
+/// kernel lets go of a FUSE mount without waiting for its process, which may still have
+/// REMOVEs of unlinks it answered early on their way. A script that unmounts and then looks
+/// at the server (or hands the workspace back) must find them done. The server's SFTP
+/// processes are paused while the unlinks are made, so their REMOVEs are surely unanswered
+/// when the unmount starts.
+#[test]
+fn umount_returns_once_the_mount_process_has_sent_everything() {
+    let sshd = TestSshd::start();
+    let m = TestMount::daemon(&sshd, &[]);
+    let names: Vec<String> = (0..200).map(|i| format!("f{i}")).collect();
+    for n in &names {
+        fs::write(m.p(n), b"x").unwrap();
+    }
+    let pid = m.pid();
+    let paused = sshd.pause_sftp_servers();
+    for n in &names {
+        fs::remove_file(m.p(n)).unwrap();
+    }
+    let mnt = m.mnt.clone();
+    let umount = std::thread::spawn(move || {
+        run_with_deadline(Command::new(BIN).arg("umount").arg(&mnt), EXIT_TIMEOUT)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let returned_while_paused = umount.is_finished();
+    drop(paused);
+    let (st, _, err) = umount.join().unwrap();
+    assert!(st.success(), "awcp-mount umount: {st}: {err}");
+    assert!(
+        !returned_while_paused,
+        "awcp-mount umount returned while the REMOVEs were unanswered"
+    );
+    assert!(
+        !pid_alive(pid),
+        "awcp-mount umount returned while the mount process {pid} was still running"
+    );
+    let left: Vec<_> = names
+        .iter()
+        .filter(|n| sshd.export_dir.join(n).exists())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "still on the server after umount: {left:?}"
+    );
+}
+
 #[test]
 fn sigterm_with_a_file_open_flushes_and_detaches() {
     let sshd = TestSshd::start();
@@ -4468,8 +4514,9 @@ fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
                 5 => done(fs::rename(&p, &q)),
                 6 => done(fs::hard_link(&p, &q)),
                 7 => done(std::os::unix::fs::symlink(target, &p)),
+                // The kind, and the size of a file or symlink (a directory's differs).
                 8 => fs::symlink_metadata(&p)
-                    .map(|md| format!("{:?}", md.file_type()))
+                    .map(|md| format!("{:?} {}", md.file_type(), !md.is_dir() as u64 * md.len()))
                     .map_err(code_of),
                 9 => fs::read_dir(&p)
                     .and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect())

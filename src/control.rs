@@ -144,8 +144,23 @@ pub fn request(mountpoint: &Path, command: &str) -> Result<serde_json::Value, St
 }
 
 pub fn request_at(socket: &Path, command: &str) -> std::io::Result<serde_json::Value> {
+    request_within(socket, command, Duration::from_secs(30))
+}
+
+/// The PID of the process serving the mount at `mountpoint`, if it answers within a
+/// moment (`umount` must not wait long on a mount process that is stuck).
+pub fn process_of(mountpoint: &Path) -> Option<i32> {
+    let status = request_within(&socket_path(mountpoint), "status", Duration::from_secs(2)).ok()?;
+    i32::try_from(status["pid"].as_i64()?).ok()
+}
+
+fn request_within(
+    socket: &Path,
+    command: &str,
+    timeout: Duration,
+) -> std::io::Result<serde_json::Value> {
     let mut s = UnixStream::connect(socket)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    s.set_read_timeout(Some(timeout))?;
     s.write_all(format!("{command}\n").as_bytes())?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;

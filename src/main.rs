@@ -184,7 +184,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Unmount an awcp-mount mount point (flushes writes first)
+    /// Unmount an awcp-mount mount point; returns once its process has sent everything to the server and exited
     #[command(alias = "unmount")]
     Umount {
         mountpoint: PathBuf,

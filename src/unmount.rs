@@ -1,9 +1,15 @@
 //! `awcp-mount umount`: unmount one of our mounts, and nothing else.
 
+use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
 use std::path::Path;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
-use crate::mountinfo;
+use crate::{control, mountinfo};
+
+/// How long `umount` waits, once the kernel has let go, for the mount process to send what
+/// it still holds (the REMOVEs of unlinks it answered early, its last CLOSEs) and exit.
+const EXIT_WAIT: Duration = Duration::from_secs(60);
 
 /// Unmount the awcp-mount filesystem at `path`. Refuses paths where something else (or
 /// nothing) is mounted, so a typo cannot unmount the wrong filesystem.
@@ -22,13 +28,36 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), String> {
             entry.source
         ));
     }
-    // The daemon flushes writes when the kernel ends the session; unmounting is enough.
+    // The mount process sends what it still holds when the kernel ends the session, then
+    // exits: wait for that, so that what `umount` returns to sees the server as the mount
+    // left it (unlinks answered early included). Not with --lazy, whose mount lives on
+    // until its files are closed. A mount this user cannot ask (another user's, one that
+    // does not answer) is unmounted without the wait.
+    let process = if lazy {
+        None
+    } else {
+        control::process_of(&canonical).and_then(pidfd_open)
+    };
+    unmount_now(&canonical, lazy)?;
+    if let Some((pid, pidfd)) = process {
+        if !wait_exit(&pidfd, EXIT_WAIT) {
+            eprintln!(
+                "awcp-mount: {} is unmounted; its process {pid} is still sending its last changes to the server",
+                canonical.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's unmount (through fusermount3 for a user who may not call it).
+fn unmount_now(canonical: &Path, lazy: bool) -> Result<(), String> {
     let flags = if lazy {
         nix::mount::MntFlags::MNT_DETACH
     } else {
         nix::mount::MntFlags::empty()
     };
-    match nix::mount::umount2(&canonical, flags) {
+    match nix::mount::umount2(canonical, flags) {
         Ok(()) => Ok(()),
         Err(nix::errno::Errno::EPERM) => {
             // Not root: the setuid helper may unmount mounts this user made.
@@ -38,7 +67,7 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), String> {
                 cmd.arg("-z");
             }
             let out = cmd
-                .arg(&canonical)
+                .arg(canonical)
                 .output()
                 .map_err(|e| format!("cannot run fusermount3: {e} (install the fuse3 package)"))?;
             if out.status.success() {
@@ -56,5 +85,36 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), String> {
             canonical.display()
         )),
         Err(e) => Err(format!("umount {}: {e}", canonical.display())),
+    }
+}
+
+/// A pidfd for `pid`: unlike the number, it cannot come to name another process.
+fn pidfd_open(pid: i32) -> Option<(i32, OwnedFd)> {
+    // SAFETY: pidfd_open(2) takes a PID and flags and returns a new descriptor, or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
+    // SAFETY: the descriptor was just returned to us and nothing else owns it.
+    Some((pid, unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// Wait until the process of `pidfd` has exited (its pidfd turns readable), at most
+/// `limit`; whether it did.
+fn wait_exit(pidfd: &OwnedFd, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut fds = [libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }];
+        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd, for the length given.
+        match unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) } {
+            n if n > 0 => return true,
+            0 => return false,
+            _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
+            _ => return false,
+        }
     }
 }
