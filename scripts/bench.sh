@@ -472,9 +472,10 @@ prepare() {
     esac
 }
 # Local inputs, and the local programs a workload runs, read into the page cache after the
-# drop, so only the mount is cold. The drop is there for the server's files; loading
-# python3 and its modules from this machine's disk again takes 40-90 ms here (git, less),
-# the same for both programs and no part of the mount's work.
+# drop: the drop is there for the server's files. Loading python3 and its modules from this
+# machine's disk again takes 40-90 ms here (git takes less), the same for both programs and
+# no part of the mount's work. (Libraries loaded with dlopen, the locale archive and config
+# files are left cold: small, and the same for both.)
 warm_local() {
     case $1 in
     seq_write) cat "$export_dir/big" >/dev/null ;;
@@ -503,6 +504,7 @@ warm_programs() {
     for p in timeout "$@"; do
         f=$(command -v "$p") || continue
         f=$(readlink -f "$f")
+        [[ -f $f ]] || continue # a shell builtin or function: nothing to read
         # shellcheck disable=SC2046 # one word per library path
         cat "$f" $(ldd "$f" 2>/dev/null | awk '$(NF-1) ~ /^\// { print $(NF-1) }') >/dev/null
     done
