@@ -2602,15 +2602,24 @@ fn umount_returns_once_the_mount_process_has_sent_everything() {
     }
     let pid = m.pid();
     let paused = sshd.pause_sftp_servers();
-    for n in &names {
-        fs::remove_file(m.p(n)).unwrap();
+    // Answered early, so without the server; an unlink that waited for it would wait until
+    // the pause ends: fail instead of hanging.
+    let paths: Vec<PathBuf> = names.iter().map(|n| m.p(n)).collect();
+    let unlinks = std::thread::spawn(move || paths.iter().try_for_each(fs::remove_file));
+    if !poll_until(EXIT_TIMEOUT, || unlinks.is_finished()) {
+        drop(paused);
+        panic!("the unlinks waited for the server: not answered early");
     }
+    unlinks.join().unwrap().unwrap();
     let mnt = m.mnt.clone();
     let umount = std::thread::spawn(move || {
         run_with_deadline(Command::new(BIN).arg("umount").arg(&mnt), EXIT_TIMEOUT)
     });
+    // Once the kernel has let go, give a `umount` that does not wait ample time to return.
+    let gone = poll_until(EXIT_TIMEOUT, || !is_mounted(&m.mnt));
     std::thread::sleep(Duration::from_millis(300));
     let returned_while_paused = umount.is_finished();
+    assert!(gone, "still mounted while the server was paused");
     drop(paused);
     let (st, _, err) = umount.join().unwrap();
     assert!(st.success(), "awcp-mount umount: {st}: {err}");

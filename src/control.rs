@@ -159,12 +159,37 @@ fn request_within(
     command: &str,
     timeout: Duration,
 ) -> std::io::Result<serde_json::Value> {
+    // Only a directory of this user that nobody else may enter can hold our mounts' sockets.
+    // The fallback under /tmp can be made first by another user; whatever listens there is
+    // not ours to believe (a PID to wait on, a downgrade that did not happen).
+    if let Some(dir) = socket.parent() {
+        private_to_us(dir)?;
+    }
     let mut s = UnixStream::connect(socket)?;
     s.set_read_timeout(Some(timeout))?;
     s.write_all(format!("{command}\n").as_bytes())?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
     serde_json::from_str(&line).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
+/// `dir` is a directory owned by this user with no access for anyone else.
+fn private_to_us(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let md = std::fs::symlink_metadata(dir)?;
+    if md.is_dir() && md.uid() == nix::unistd::geteuid().as_raw() && md.mode() & 0o077 == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::new(
+            std::io::ErrorKind::PermissionDenied,
+            format!(
+                "{} is not a private directory of this user (owner {}, mode {:o}); not trusting the sockets in it",
+                dir.display(),
+                md.uid(),
+                md.mode() & 0o7777
+            ),
+        ))
+    }
 }
 
 /// Every mount of this user that answers, with its status.
@@ -179,4 +204,27 @@ pub fn all_status() -> Vec<serde_json::Value> {
         .collect();
     out.sort_by_key(|v| v["mountpoint"].as_str().map(str::to_string));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_private_directory_of_this_user_is_trusted() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        private_to_us(dir.path()).unwrap();
+        // Others may enter: whatever listens there may be anyone's.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = private_to_us(dir.path()).unwrap_err();
+        assert!(e.to_string().contains("not a private directory"), "{e}");
+        // And a request through it is refused before anything is asked.
+        let e = request_at(&dir.path().join("x.sock"), "status").unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied, "{e}");
+        // A file is no directory.
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"").unwrap();
+        assert!(private_to_us(&file).is_err());
+    }
 }

@@ -184,7 +184,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Unmount an awcp-mount mount point; returns once its process has sent everything to the server and exited
+    /// Unmount an awcp-mount mount point; waits (up to a minute) for its process to send everything to the server and exit
     #[command(alias = "unmount")]
     Umount {
         mountpoint: PathBuf,

@@ -91,7 +91,8 @@ fn unmount_now(canonical: &Path, lazy: bool) -> Result<(), String> {
 /// A pidfd for `pid`: unlike the number, it cannot come to name another process.
 fn pidfd_open(pid: i32) -> Option<(i32, OwnedFd)> {
     // SAFETY: pidfd_open(2) takes a PID and flags and returns a new descriptor, or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let no_flags: libc::c_long = 0;
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::c_long::from(pid), no_flags) };
     let fd = i32::try_from(fd).ok().filter(|fd| *fd >= 0)?;
     // SAFETY: the descriptor was just returned to us and nothing else owns it.
     Some((pid, unsafe { OwnedFd::from_raw_fd(fd) }))
