@@ -82,7 +82,7 @@ fn assert_same_bytes(got: &[u8], want: &[u8], what: &str) {
 fn errno_of<T>(r: io::Result<T>) -> i32 {
     match r {
         Ok(_) => 0,
-        Err(e) => e.raw_os_error().unwrap_or(-1),
+        Err(e) => code_of(e),
     }
 }
 
@@ -4408,7 +4408,7 @@ fn namespace_operations_match_a_local_directory() {
     }
 }
 
-/// The errno of a failed operation, to compare between the mount and a local directory.
+/// The errno of a failed operation (also what [`errno_of`] gives for one).
 fn code_of(e: io::Error) -> i32 {
     e.raw_os_error().unwrap_or(-1)
 }
@@ -4445,11 +4445,12 @@ fn tree_of(root: &Path) -> Vec<(PathBuf, String)> {
 /// the test's temporary directory), on names from a pool of three, mostly in directories
 /// that exist (at any depth), sometimes in any path of up to three levels: so the same path
 /// is made, looked up while absent, removed, renamed over and made again, below files
-/// (ENOTDIR), through symlinks and after renames of the directories above it. Each operation must come to the same result in both (success or
-/// the same errno), every 100 operations the whole trees must agree, and at the end, after
-/// the unmount (which waits for the unlinks answered early), the server's copy too. This is
-/// what catches a name cache, an absence kept by the kernel or an early answer that lets
-/// the mount disagree with its own changes.
+/// (ENOTDIR), through symlinks and after renames of the directories above it. Each
+/// operation must come to the same result in both (success or the same errno), every 100
+/// operations the whole trees must agree, and at the end, after the unmount (which waits
+/// for the unlinks answered early), the server's copy too. This is what catches a name
+/// cache, an absence kept by the kernel or an early answer that lets the mount disagree
+/// with its own changes.
 fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
     const NAMES: [&str; 3] = ["a", "b", "c"];
     let local = tempfile::tempdir().unwrap();

@@ -1,6 +1,6 @@
 //! `awcp-mount umount`: unmount one of our mounts, and nothing else.
 
-use std::os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd};
+use std::os::fd::{FromRawFd as _, OwnedFd};
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -101,21 +101,19 @@ fn pidfd_open(pid: i32) -> Option<(i32, OwnedFd)> {
 /// Wait until the process of `pidfd` has exited (its pidfd turns readable), at most
 /// `limit`; whether it did.
 fn wait_exit(pidfd: &OwnedFd, limit: Duration) -> bool {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd as _;
     let deadline = Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let mut fds = [libc::pollfd {
-            fd: pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }];
-        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd, for the length given.
-        match unsafe { libc::poll(fds.as_mut_ptr(), 1, ms) } {
-            n if n > 0 => return true,
-            0 => return false,
-            _ if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) => {}
-            _ => return false,
+        let timeout = PollTimeout::try_from(left).unwrap_or(PollTimeout::MAX);
+        match poll(
+            &mut [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)],
+            timeout,
+        ) {
+            Ok(n) => return n > 0,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
         }
     }
 }
