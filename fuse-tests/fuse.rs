@@ -4461,21 +4461,13 @@ fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
     let mut log: Vec<String> = Vec::new();
     // Mostly a name in a directory that exists (so that most operations do something),
     // sometimes any path (below a file, a symlink or nothing).
-    let random_path = |rng: &mut Rng| {
+    let random_path = |rng: &mut Rng, dirs: &[PathBuf]| {
         let mut p = PathBuf::new();
         if rng.below(4) == 0 {
             for _ in 0..rng.below(3) {
                 p.push(NAMES[rng.below(NAMES.len())]);
             }
         } else {
-            let dirs: Vec<PathBuf> = std::iter::once(PathBuf::new())
-                .chain(
-                    tree_of(&loc)
-                        .into_iter()
-                        .filter(|(_, what)| what == "directory")
-                        .map(|(rel, _)| rel),
-                )
-                .collect();
             p = dirs[rng.below(dirs.len())].clone();
         }
         p.join(NAMES[rng.below(NAMES.len())])
@@ -4483,7 +4475,16 @@ fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
     // How often each operation comes, by its number below.
     const WEIGHTS: [usize; 11] = [3, 1, 2, 2, 1, 2, 1, 1, 2, 1, 1];
     for i in 0..ops {
-        let (p, q) = (random_path(&mut rng), random_path(&mut rng));
+        // The directories that exist now (the root included), for both paths.
+        let dirs: Vec<PathBuf> = std::iter::once(PathBuf::new())
+            .chain(
+                tree_of(&loc)
+                    .into_iter()
+                    .filter(|(_, what)| what == "directory")
+                    .map(|(rel, _)| rel),
+            )
+            .collect();
+        let (p, q) = (random_path(&mut rng, &dirs), random_path(&mut rng, &dirs));
         let data = format!("{seed}:{i}");
         let mut pick = rng.below(WEIGHTS.iter().sum());
         let op = WEIGHTS

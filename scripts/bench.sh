@@ -478,12 +478,15 @@ prepare() {
 # files are left cold: small, and the same for both.)
 warm_local() {
     case $1 in
-    seq_write) cat "$export_dir/big" >/dev/null ;;
-    untar) cat "$tmp/$BENCH_SET.tar" >/dev/null ;;
-    esac
-    case $1 in
-    seq_read | seq_write | par_read) warm_programs dd ;;
-    untar) warm_programs tar ;;
+    seq_write)
+        cat "$export_dir/big" >/dev/null
+        warm_programs dd
+        ;;
+    untar)
+        cat "$tmp/$BENCH_SET.tar" >/dev/null
+        warm_programs tar
+        ;;
+    seq_read | par_read) warm_programs dd ;;
     stat_tree) warm_programs find xargs stat ;;
     ls_lR) warm_programs ls ;;
     grep) warm_programs grep ;;
