@@ -1439,11 +1439,11 @@ fn errno_cases_match_a_local_disk() {
             errno_name(g)
         ));
     }
-    // SFTP cannot create special files.
-    let g = errno_of(mkfifo(&m.p("fifo")));
+    // SFTP cannot create device nodes (as root the mount refuses; otherwise the kernel).
+    let g = errno_of(mknod(&m.p("chr"), libc::S_IFCHR | 0o644));
     if g != libc::EPERM {
         wrong.push(format!(
-            "mknod fifo: mount {}, expected EPERM",
+            "mknod of a character device: mount {}, expected EPERM",
             errno_name(g)
         ));
     }
@@ -3638,7 +3638,7 @@ fn mknod(p: &Path, mode: libc::mode_t) -> io::Result<()> {
     last_os_error(unsafe { libc::mknod(c.as_ptr(), mode, 0) })
 }
 
-/// `mknod(S_IFREG)` creates an empty regular file; special files stay EPERM.
+/// `mknod(S_IFREG)` creates an empty regular file; device nodes stay EPERM.
 #[test]
 fn posix_mknod_of_a_regular_file_creates_it() {
     let m = TestMount::start(&[NO_CACHE]);
@@ -3659,8 +3659,94 @@ fn posix_mknod_of_a_regular_file_creates_it() {
         libc::EEXIST,
         "mknod over an existing file",
     );
-    assert_errno(mkfifo(&m.p("fifo")), libc::EPERM, "mkfifo");
-    assert!(!m.e("fifo").exists());
+    assert_errno(
+        mknod(&m.p("blk"), libc::S_IFBLK | 0o644),
+        libc::EPERM,
+        "mknod of a block device",
+    );
+    assert!(!m.e("blk").exists());
+}
+
+/// A FIFO and a unix socket made in the mount work as on a local disk (the kernel carries
+/// the bytes; the mount keeps the names), show in listings with their types, move with
+/// rename, and are never made on the server, which cannot hold them.
+#[test]
+fn fifos_and_unix_sockets_work_in_the_mount_and_stay_local() {
+    use std::os::unix::fs::FileTypeExt;
+    use std::os::unix::net::{UnixListener, UnixStream};
+    // No kernel caching: every path walk asks the mount, which must know these names.
+    let m = TestMount::start(&[NO_CACHE]);
+    fs::create_dir(m.p("d")).unwrap();
+    mkfifo(&m.p("d/pipe")).unwrap();
+    assert!(fs::symlink_metadata(m.p("d/pipe"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    let writer = {
+        let path = m.p("d/pipe");
+        std::thread::spawn(move || fs::write(path, b"through the FIFO"))
+    };
+    assert_eq!(fs::read(m.p("d/pipe")).unwrap(), b"through the FIFO");
+    writer.join().unwrap().unwrap();
+
+    let listener = UnixListener::bind(m.p("d/sock")).unwrap();
+    let server = std::thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        let mut got = [0u8; 5];
+        conn.read_exact(&mut got).unwrap();
+        conn.write_all(b"pong").unwrap();
+        got
+    });
+    let mut client = UnixStream::connect(m.p("d/sock")).unwrap();
+    client.write_all(b"ping!").unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).unwrap();
+    assert_eq!(
+        (&server.join().unwrap(), answer.as_str()),
+        (b"ping!", "pong")
+    );
+
+    let mut listed: Vec<(OsString, bool, bool)> = fs::read_dir(m.p("d"))
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let t = e.file_type().unwrap();
+            (e.file_name(), t.is_fifo(), t.is_socket())
+        })
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        vec![("pipe".into(), true, false), ("sock".into(), false, true)]
+    );
+    assert_eq!(
+        fs::read_dir(m.e("d")).unwrap().count(),
+        0,
+        "nothing on the server"
+    );
+
+    // Renamed into another directory (which then cannot be removed), still a FIFO.
+    fs::create_dir(m.p("e")).unwrap();
+    fs::rename(m.p("d/pipe"), m.p("e/pipe")).unwrap();
+    assert!(fs::symlink_metadata(m.p("e/pipe"))
+        .unwrap()
+        .file_type()
+        .is_fifo());
+    assert_errno(fs::remove_dir(m.p("e")), libc::ENOTEMPTY, "rmdir of e");
+    assert!(m.e("e").is_dir());
+    // `rm -rf` removes them like anything else.
+    let rm = Command::new("rm")
+        .arg("-rf")
+        .arg(m.p("d"))
+        .arg(m.p("e"))
+        .status();
+    assert!(rm.unwrap().success());
+    assert!(!m.e("d").exists() && !m.e("e").exists());
+    assert_errno(
+        fs::symlink_metadata(m.p("e/pipe")),
+        libc::ENOENT,
+        "after rm -rf",
+    );
 }
 
 /// The largest offset at which the kernel lets a one-byte write through (2^63-2).

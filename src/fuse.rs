@@ -277,7 +277,8 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         _rdev: u32,
         reply: ReplyEntry,
     ) {
-        // Regular files only (an exclusive create); SFTP cannot make special files.
+        // Regular files (an exclusive create), FIFOs and sockets (kept by the mount); SFTP
+        // cannot make device nodes.
         let fs = self.fs.clone();
         let name = name.to_owned();
         let caller = caller(req);

@@ -350,6 +350,14 @@ impl InodeTable {
         ino
     }
 
+    /// A number for an object the table does not keep (a special file, see `specials`):
+    /// never one the table gives out, as for its own.
+    pub fn new_ino(&mut self) -> Ino {
+        let ino = self.next_ino;
+        self.next_ino += 1;
+        ino
+    }
+
     /// A hard link of `ino` was made through the mount as `name` in `parent`: one more name
     /// of the same inode, one more kernel reference (the LINK reply is an entry) and one more
     /// link. Returns false if `ino` is unknown or has no name left.

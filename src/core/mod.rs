@@ -16,6 +16,7 @@ pub mod kernel_caches;
 mod names;
 pub mod prefetch;
 mod remove_behind;
+mod specials;
 mod walk_ahead;
 
 use std::collections::HashMap;
@@ -33,6 +34,7 @@ use self::file::{OpenFile, Told, WriteStream};
 use self::inode::{Ino, InodeTable, Location, PageCacheMark, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
 use self::remove_behind::RemovesBehind;
+use self::specials::Specials;
 use crate::error::{FsError, FsResult};
 use crate::policy::containment;
 use crate::policy::enforcer::Enforcer;
@@ -286,6 +288,8 @@ pub struct Fs<R: Remote> {
     config: Mutex<FsConfig>,
     read_only: AtomicBool,
     inodes: Mutex<InodeTable>,
+    /// FIFOs and sockets made through the mount, which only the mount keeps (see `specials`).
+    specials: Mutex<Specials>,
     cache: Mutex<MetaCache>,
     files: Mutex<HashMap<u64, Arc<OpenFile<R>>>>,
     /// The write queue of each file with open descriptors (shared by them all).
@@ -464,6 +468,7 @@ impl<R: Remote> Fs<R> {
             cache: Mutex::new(MetaCache::new(config.cache)),
             config: Mutex::new(config),
             inodes: Mutex::new(InodeTable::new()),
+            specials: Mutex::new(Specials::default()),
             files: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
@@ -1239,6 +1244,9 @@ impl<R: Remote> Fs<R> {
 
     async fn lookup_name(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
         let path = self.child_path(parent, name)?;
+        if let Some(attr) = self.special_at(&path, true) {
+            return Ok(self.entry(attr));
+        }
         // A name the kernel knows as a symlink stays one while it holds the inode (it made
         // it with symlink(2), or saw it unfollowed): follow_symlinks and resource links apply
         // to names seen for the first time.
@@ -1349,6 +1357,9 @@ impl<R: Remote> Fs<R> {
     }
 
     pub fn forget(&self, ino: Ino, nlookup: u64) {
+        if self.forget_special(ino, nlookup) {
+            return;
+        }
         let mut inodes = self.inodes.lock().unwrap();
         inodes.forget(ino, nlookup);
         if !inodes.contains(ino) {
@@ -1365,6 +1376,9 @@ impl<R: Remote> Fs<R> {
         fh: Option<u64>,
     ) -> FsResult<(Attr, Duration)> {
         let ttl = self.attr_ttl_for(ino);
+        if let Some(attr) = self.special_attr(ino) {
+            return Ok((attr, ttl));
+        }
         let mut file = fh.and_then(|fh| self.files.lock().unwrap().get(&fh).cloned());
         if file.is_none() && self.path_of(ino).is_err() {
             // fstat(2) reaches us without a file handle; an unlinked file that is still open
@@ -1523,6 +1537,9 @@ impl<R: Remote> Fs<R> {
         req: SetattrRequest,
     ) -> FsResult<Attr> {
         self.check_writable("setattr")?;
+        if let Some(done) = self.setattr_special(ino, &req) {
+            return done;
+        }
         if let Some(size) = req.size.filter(|&s| past_max_offset(s, 0)) {
             return Err(FsError::new(
                 libc::EFBIG,
@@ -2045,6 +2062,9 @@ impl<R: Remote> Fs<R> {
 
     pub async fn unlink(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("unlink")?;
+        if self.unlink_special(parent, name)? {
+            return Ok(());
+        }
         let path = self.child_path(parent, name)?;
         let ino = self.inodes.lock().unwrap().child(parent, name);
         if let Some(ino) = ino {
@@ -2172,6 +2192,7 @@ impl<R: Remote> Fs<R> {
     pub async fn rmdir(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("rmdir")?;
         let path = self.child_path(parent, name)?;
+        self.rmdir_special_check(&path)?;
         // Unlinks in it answered early were sent before this, and are usually carried out
         // by the time it arrives (`rm -rf` then costs one round trip per directory, not
         // two). If one was not (they travel on several channels), the server refuses, and
@@ -2266,7 +2287,6 @@ impl<R: Remote> Fs<R> {
         flags: u32,
     ) -> FsResult<()> {
         self.check_writable("rename")?;
-        self.removes_behind.all_settled().await;
         if flags & libc::RENAME_EXCHANGE != 0 {
             return Err(FsError::new(
                 libc::EINVAL,
@@ -2279,6 +2299,29 @@ impl<R: Remote> Fs<R> {
                 format!("unsupported rename flags {flags:#x}"),
             ));
         }
+        match self
+            .rename_special((parent, name), (new_parent, new_name), flags)
+            .await
+        {
+            Some(outcome) => outcome,
+            None => {
+                self.rename_on_server(parent, name, new_parent, new_name, flags)
+                    .await
+            }
+        }
+    }
+
+    /// rename(2) of a name the server has to a name only the server may have (`rename` has
+    /// checked the flags and dealt with special files).
+    async fn rename_on_server(
+        self: &Arc<Self>,
+        parent: Ino,
+        name: &OsStr,
+        new_parent: Ino,
+        new_name: &OsStr,
+        flags: u32,
+    ) -> FsResult<()> {
+        self.removes_behind.all_settled().await;
         let from = self.child_path(parent, name)?;
         let to = self.child_path(new_parent, new_name)?;
         let (source_ino, same_file) = {
@@ -2403,6 +2446,8 @@ impl<R: Remote> Fs<R> {
             }
             inodes.rename(parent, name, new_parent, new_name)
         };
+        // A directory takes the special files in it along.
+        self.specials.lock().unwrap().move_dir(&from, &to);
         if let Some((target_ino, size)) = replaced {
             self.enforcer.quota.name_removed(
                 target_ino,
@@ -2433,6 +2478,9 @@ impl<R: Remote> Fs<R> {
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
         self.check_writable("link")?;
         self.removes_behind.all_settled().await;
+        if let Some(done) = self.link_special(ino, new_parent, new_name).await {
+            return done;
+        }
         let existing = self.path_of(ino)?;
         let new = self.child_path(new_parent, new_name)?;
         // SFTP v3 has no link counts, so an unlink cannot always tell whether the data lives
@@ -2916,8 +2964,9 @@ impl<R: Remote> Fs<R> {
     }
 
     /// mknod(2). A regular file is created as `create` with `O_EXCL` would (sshfs does the
-    /// same), with the same read-only and quota checks, and closed again; SFTP cannot create
-    /// FIFOs, devices or sockets: `EPERM`.
+    /// same), with the same read-only and quota checks, and closed again. FIFOs and sockets
+    /// are kept by the mount itself (see `specials`); SFTP cannot create device nodes:
+    /// `EPERM`.
     pub async fn mknod(
         self: &Arc<Self>,
         parent: Ino,
@@ -2929,11 +2978,25 @@ impl<R: Remote> Fs<R> {
         self.check_writable("mknod")?;
         self.removes_behind.all_settled().await;
         let kind = mode & libc::S_IFMT;
+        let perm = (mode & !umask & 0o7777) as u16;
+        match kind {
+            libc::S_IFIFO => {
+                return self
+                    .make_special(parent, name, FileKind::Fifo, perm, caller)
+                    .await
+            }
+            libc::S_IFSOCK => {
+                return self
+                    .make_special(parent, name, FileKind::Socket, perm, caller)
+                    .await
+            }
+            _ => {}
+        }
         // (The kernel turns a type of 0 into S_IFREG before it asks.)
         if kind != libc::S_IFREG && kind != 0 {
             return Err(FsError::new(
                 libc::EPERM,
-                format!("mknod of type {kind:o}: SFTP cannot create special files"),
+                format!("mknod of type {kind:o}: SFTP cannot create device nodes"),
             ));
         }
         let req = OpenRequest {
@@ -3756,7 +3819,9 @@ impl<R: Remote> Fs<R> {
             fh,
             Arc::new(DirHandle {
                 ino,
-                items: Mutex::new(Arc::new(dir_items(&listing, since))),
+                items: Mutex::new(Arc::new(
+                    self.with_specials(&path, dir_items(&listing, since)),
+                )),
                 started: AtomicBool::new(false),
             }),
         );
@@ -3880,7 +3945,8 @@ impl<R: Remote> Fs<R> {
         if dir.started.swap(true, Ordering::Relaxed) && offset == 0 {
             let path = self.path_of(dir.ino)?;
             let (listing, since) = self.list_dir(dir.ino, &path).await?;
-            *dir.items.lock().unwrap() = Arc::new(dir_items(&listing, since));
+            *dir.items.lock().unwrap() =
+                Arc::new(self.with_specials(&path, dir_items(&listing, since)));
         }
         let items = dir.items.lock().unwrap().clone();
         Ok(items.iter().skip(offset as usize).cloned().collect())
@@ -3929,6 +3995,9 @@ impl<R: Remote> Fs<R> {
     pub fn peek_ino(&self, parent: Ino, name: &OsStr) -> u64 {
         if name == "." || name == ".." {
             return parent;
+        }
+        if let Some(attr) = self.special_child(parent, name, false) {
+            return attr.ino;
         }
         self.inodes
             .lock()
@@ -3986,6 +4055,9 @@ impl<R: Remote> Fs<R> {
         parent: Ino,
         item: &DirItem,
     ) -> FsResult<Entry> {
+        if let Some(attr) = self.special_child(parent, &item.name, true) {
+            return Ok(self.entry(attr));
+        }
         let attrs = item
             .attrs
             .ok_or_else(|| FsError::new(libc::EINVAL, "no attributes"))?;
@@ -4083,14 +4155,19 @@ impl<R: Remote> Fs<R> {
     /// access(2) without `default_permissions`: existence, read-only mount, and the mode
     /// bits for the class the caller falls in.
     pub async fn access(&self, ino: Ino, mask: i32, uid: u32, gid: u32) -> FsResult<()> {
-        let a = self.fetch_attrs(ino).await?;
+        let attr = match self.special_attr(ino) {
+            Some(attr) => attr,
+            None => {
+                let a = self.fetch_attrs(ino).await?;
+                self.make_attr(ino, &a.attrs, a.nlink)
+            }
+        };
         if mask == libc::F_OK {
             return Ok(());
         }
         if mask & libc::W_OK != 0 && self.is_read_only() {
             return Err(FsError::new(libc::EROFS, "the mount is read-only"));
         }
-        let attr = self.make_attr(ino, &a.attrs, a.nlink);
         let perm = attr.perm as i32;
         if uid == 0 {
             // root may do anything but execute a file nobody may execute.

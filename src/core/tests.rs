@@ -5116,7 +5116,7 @@ async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
 }
 
 /// mknod(S_IFREG) makes a regular file (an exclusive create, as sshfs does), under the same
-/// read-only and quota rules as create; special files stay EPERM (SFTP cannot make them).
+/// read-only and quota rules as create; device nodes stay EPERM (SFTP cannot make them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posix_mknod_of_a_regular_file_creates_it() {
     let h = Harness::new();
@@ -5148,12 +5148,7 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
         libc::EEXIST,
         "mknod over an existing file",
     );
-    for (what, kind) in [
-        ("fifo", libc::S_IFIFO),
-        ("chr", libc::S_IFCHR),
-        ("blk", libc::S_IFBLK),
-        ("sock", libc::S_IFSOCK),
-    ] {
+    for (what, kind) in [("chr", libc::S_IFCHR), ("blk", libc::S_IFBLK)] {
         assert_errno(
             h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK, Caller::ROOT)
                 .await,
@@ -5179,7 +5174,7 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
     quota.set_limits(None, None);
 
     h.fs.set_read_only();
-    for kind in [libc::S_IFREG, libc::S_IFIFO] {
+    for kind in [libc::S_IFREG, libc::S_IFIFO, libc::S_IFSOCK] {
         assert_errno(
             h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK, Caller::ROOT)
                 .await,
@@ -5188,6 +5183,231 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
         );
     }
     assert!(!h.disk("ro").exists());
+}
+
+/// What readdir hands out for `dir`: (name, kind, inode as peeked), `.` and `..` left out,
+/// and whether the offsets follow each other.
+async fn listed_kinds(h: &Harness, dir: Ino) -> Vec<(String, FileKind, u64)> {
+    let dh = h.fs.opendir(dir).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    h.fs.releasedir(dh);
+    for (i, item) in items.iter().enumerate() {
+        assert_eq!(item.next_offset, i as u64 + 1, "offsets of {items:?}");
+    }
+    let mut out: Vec<_> = items
+        .iter()
+        .filter(|i| i.attrs.is_some())
+        .map(|i| {
+            let name = i.name.to_string_lossy().into_owned();
+            (name, i.kind, h.fs.peek_ino(dir, &i.name))
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// FIFOs and sockets are kept by the mount (SFTP cannot make them): mknod makes them with
+/// the caller as owner and the umask applied, lookup, getattr, readdir and readdirplus show
+/// them, chmod/chown/utimes change them (truncate is EINVAL), unlink removes them, and the
+/// server never sees them. The name must be free on the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifos_and_sockets_live_in_the_mount_only() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    let user = Caller {
+        uid: 65534,
+        gid: 65533,
+    };
+    let fifo =
+        h.fs.mknod(d, os("p"), libc::S_IFIFO | 0o666, UMASK, user)
+            .await
+            .expect("mkfifo");
+    assert_eq!(
+        (fifo.attr.kind, fifo.attr.perm, fifo.attr.nlink),
+        (FileKind::Fifo, 0o644, 1)
+    );
+    assert_eq!(
+        (fifo.attr.uid, fifo.attr.gid, fifo.attr.size),
+        (65534, 65533, 0)
+    );
+    let sock =
+        h.fs.mknod(d, os("s"), libc::S_IFSOCK | 0o755, UMASK, Caller::ROOT)
+            .await
+            .expect("bind");
+    assert_eq!(sock.attr.kind, FileKind::Socket);
+    assert!(!h.disk("d/p").exists() && !h.disk("d/s").exists());
+    assert_eq!(std::fs::read_dir(h.disk("d")).unwrap().count(), 0);
+
+    assert_eq!(h.lookup(d, "p").await, fifo.attr.ino);
+    let (a, _) = h.fs.getattr(sock.attr.ino, None).await.unwrap();
+    assert_eq!((a.kind, a.perm), (FileKind::Socket, 0o755));
+    h.fs.access(fifo.attr.ino, libc::R_OK | libc::W_OK, 65534, 65533)
+        .await
+        .expect("the owner may read and write");
+    assert_errno(
+        h.fs.access(fifo.attr.ino, libc::W_OK, 1, 1).await,
+        libc::EACCES,
+        "others may not write a 0644 FIFO",
+    );
+
+    // A file next to them; the listing shows all three, numbered in order.
+    let (f, fh) = h.create(d, "f").await;
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(
+        listed_kinds(&h, d).await,
+        vec![
+            ("f".into(), FileKind::File, f),
+            ("p".into(), FileKind::Fifo, fifo.attr.ino),
+            ("s".into(), FileKind::Socket, sock.attr.ino),
+        ]
+    );
+    let plus = list_plus(&h, d).await;
+    let p = plus
+        .iter()
+        .find(|(n, _)| n == "p")
+        .expect("p in readdirplus");
+    assert_eq!(
+        (p.1.attr.ino, p.1.attr.kind),
+        (fifo.attr.ino, FileKind::Fifo)
+    );
+
+    // Names taken: by a special file, or by a file of the server.
+    for (name, what) in [("p", "over a FIFO"), ("f", "over a server file")] {
+        assert_errno(
+            h.fs.mknod(d, os(name), libc::S_IFIFO | 0o644, UMASK, Caller::ROOT)
+                .await,
+            libc::EEXIST,
+            what,
+        );
+    }
+
+    let t = UNIX_EPOCH + Duration::from_nanos(1_234_567_891);
+    let req = SetattrRequest {
+        mode: Some(0o600),
+        uid: Some(7),
+        gid: Some(8),
+        size: None,
+        atime: Some(TimeSpec::At(t)),
+        mtime: Some(TimeSpec::At(t)),
+    };
+    let a = h.fs.setattr(fifo.attr.ino, None, req).await.unwrap();
+    assert_eq!(
+        (a.perm, a.uid, a.gid, a.mtime, a.atime),
+        (0o600, 7, 8, t, t)
+    );
+    assert!(a.ctime > t);
+    let truncate = SetattrRequest {
+        size: Some(0),
+        ..Default::default()
+    };
+    assert_errno(
+        h.fs.setattr(fifo.attr.ino, None, truncate).await,
+        libc::EINVAL,
+        "truncate of a FIFO",
+    );
+
+    // rmdir: the server would remove the directory, which is not empty.
+    h.fs.unlink(d, os("f")).await.unwrap();
+    assert_errno(h.fs.rmdir(ROOT, os("d")).await, libc::ENOTEMPTY, "rmdir");
+    assert_errno(
+        h.fs.rmdir(d, os("p")).await,
+        libc::ENOTDIR,
+        "rmdir of a FIFO",
+    );
+    h.fs.unlink(d, os("p")).await.unwrap();
+    h.fs.unlink(d, os("s")).await.unwrap();
+    assert_errno(h.fs.lookup(d, os("p")).await, libc::ENOENT, "after unlink");
+    assert!(listed_kinds(&h, d).await.is_empty());
+    h.fs.forget(fifo.attr.ino, 2);
+    h.fs.forget(sock.attr.ino, 1);
+    h.fs.rmdir(ROOT, os("d")).await.expect("rmdir once empty");
+    assert!(!h.disk("d").exists());
+}
+
+/// rename(2) and link(2) with special files: a FIFO moves over a server file (which goes)
+/// and a server file over a FIFO (which goes), names of one FIFO are one inode, a directory
+/// takes its FIFOs along, and what rename refuses on a local disk it refuses here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn special_files_rename_and_link_as_on_a_local_disk() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    let fifo =
+        h.fs.mknod(d, os("p"), libc::S_IFIFO | 0o644, UMASK, Caller::ROOT)
+            .await
+            .unwrap();
+    std::fs::write(h.disk("target"), b"old").unwrap();
+    std::fs::create_dir(h.disk("emptydir")).unwrap();
+    assert_errno(
+        h.fs.rename(d, os("p"), ROOT, os("emptydir"), 0).await,
+        libc::EISDIR,
+        "a FIFO over a directory",
+    );
+    assert_errno(
+        h.fs.rename(d, os("p"), ROOT, os("target"), libc::RENAME_NOREPLACE)
+            .await,
+        libc::EEXIST,
+        "RENAME_NOREPLACE over a server file",
+    );
+    assert!(h.disk("target").exists());
+    h.fs.rename(d, os("p"), ROOT, os("target"), 0)
+        .await
+        .expect("a FIFO over a server file");
+    // The server's file is gone (an unlink answered early is carried out by the next
+    // operation that must see the server as it is).
+    h.fs.fsyncdir(ROOT).await.unwrap();
+    assert!(!h.disk("target").exists(), "the replaced file is removed");
+    assert_eq!(h.lookup(ROOT, "target").await, fifo.attr.ino);
+    assert_errno(h.fs.lookup(d, os("p")).await, libc::ENOENT, "old name");
+
+    // A second name of the FIFO is the same inode, with two links.
+    let e = h.fs.link(fifo.attr.ino, d, os("q")).await.unwrap();
+    assert_eq!((e.attr.ino, e.attr.nlink), (fifo.attr.ino, 2));
+    assert_errno(
+        h.fs.link(fifo.attr.ino, ROOT, os("d")).await,
+        libc::EEXIST,
+        "link over a server directory",
+    );
+    // Renaming one name over the other does nothing.
+    h.fs.rename(ROOT, os("target"), d, os("q"), 0)
+        .await
+        .unwrap();
+    assert_eq!(h.fs.getattr(fifo.attr.ino, None).await.unwrap().0.nlink, 2);
+
+    // A server file over a FIFO's name: the server renames it, the FIFO loses that name.
+    let (file, fh) = h.create(d, "file").await;
+    h.write(fh, 0, b"data").await;
+    h.fs.release(fh).await.unwrap();
+    assert_errno(
+        h.fs.rename(d, os("file"), d, os("q"), libc::RENAME_NOREPLACE)
+            .await,
+        libc::EEXIST,
+        "RENAME_NOREPLACE over a FIFO",
+    );
+    h.fs.rename(d, os("file"), d, os("q"), 0).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("d/q")).unwrap(), b"data");
+    assert_eq!(h.lookup(d, "q").await, file);
+    assert_eq!(h.fs.getattr(fifo.attr.ino, None).await.unwrap().0.nlink, 1);
+    let sub = h.mkdir(d, "sub").await;
+    assert_errno(
+        h.fs.rename(d, os("sub"), ROOT, os("target"), 0).await,
+        libc::ENOTDIR,
+        "a directory over a FIFO",
+    );
+
+    // A directory renamed takes its FIFOs along; one holding FIFOs cannot be replaced.
+    h.fs.rename(ROOT, os("target"), sub, os("p"), 0)
+        .await
+        .unwrap();
+    assert_errno(
+        h.fs.rename(ROOT, os("emptydir"), d, os("sub"), 0).await,
+        libc::ENOTEMPTY,
+        "a directory over one holding a FIFO",
+    );
+    h.fs.rename(ROOT, os("d"), ROOT, os("e"), 0).await.unwrap();
+    let e_dir = h.lookup(ROOT, "e").await;
+    let sub = h.lookup(e_dir, "sub").await;
+    assert_eq!(h.lookup(sub, "p").await, fifo.attr.ino);
+    assert!(!h.disk("e/sub/p").exists());
 }
 
 /// A write or truncate that would end past the largest file the server can hold is EFBIG, as
