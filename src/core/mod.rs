@@ -4165,7 +4165,13 @@ impl<R: Remote> Fs<R> {
         if mask == libc::F_OK {
             return Ok(());
         }
-        if mask & libc::W_OK != 0 && self.is_read_only() {
+        // (As on Linux, a read-only mount still lets a FIFO or socket be written: that
+        // changes nothing in the filesystem.)
+        let stored = matches!(
+            attr.kind,
+            FileKind::File | FileKind::Dir | FileKind::Symlink
+        );
+        if mask & libc::W_OK != 0 && stored && self.is_read_only() {
             return Err(FsError::new(libc::EROFS, "the mount is read-only"));
         }
         let perm = attr.perm as i32;

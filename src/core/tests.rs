@@ -5408,6 +5408,28 @@ async fn special_files_rename_and_link_as_on_a_local_disk() {
     let sub = h.lookup(e_dir, "sub").await;
     assert_eq!(h.lookup(sub, "p").await, fifo.attr.ino);
     assert!(!h.disk("e/sub/p").exists());
+
+    // Read-only (an ro lease, or one that expired): the FIFO stays usable (writing to it
+    // changes nothing in the filesystem, as on Linux), but not changeable.
+    h.fs.set_read_only();
+    h.fs.access(fifo.attr.ino, libc::W_OK, 0, 0)
+        .await
+        .expect("a FIFO may be written on a read-only mount");
+    assert_errno(h.fs.unlink(sub, os("p")).await, libc::EROFS, "unlink");
+    let chmod = SetattrRequest {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    assert_errno(
+        h.fs.setattr(fifo.attr.ino, None, chmod).await,
+        libc::EROFS,
+        "chmod",
+    );
+    assert_errno(
+        h.fs.rename(sub, os("p"), ROOT, os("q"), 0).await,
+        libc::EROFS,
+        "rename",
+    );
 }
 
 /// A write or truncate that would end past the largest file the server can hold is EFBIG, as
