@@ -111,6 +111,8 @@ pub struct DirItem {
     pub nlink: Option<u32>,
     /// The change clock when the listing was taken (see `MetaCache::changed_since`).
     pub listed_at: u64,
+    /// A FIFO or socket the mount keeps (see `specials`), not an entry of the server.
+    pub local: bool,
 }
 
 /// Open flags as the kernel gives them, decoded, and who asked.
@@ -409,6 +411,7 @@ fn dir_items(listing: &[DirEntry], listed_at: u64) -> Vec<DirItem> {
         attrs: None,
         nlink: None,
         listed_at,
+        local: false,
     };
     let mut items = Vec::with_capacity(listing.len() + 2);
     items.push(dot(".", 1));
@@ -420,6 +423,7 @@ fn dir_items(listing: &[DirEntry], listed_at: u64) -> Vec<DirItem> {
         attrs: Some(e.attrs),
         nlink: e.nlink,
         listed_at,
+        local: false,
     }));
     items
 }
@@ -2444,10 +2448,11 @@ impl<R: Remote> Fs<R> {
             if replaced_dir {
                 inodes.subdirs_changed(new_parent, -1);
             }
+            // A directory takes the special files in it along, in the same step (a lookup
+            // below it finds them under the new path as soon as it can build that path).
+            self.specials.lock().unwrap().move_dir(&from, &to);
             inodes.rename(parent, name, new_parent, new_name)
         };
-        // A directory takes the special files in it along.
-        self.specials.lock().unwrap().move_dir(&from, &to);
         if let Some((target_ino, size)) = replaced {
             self.enforcer.quota.name_removed(
                 target_ino,
@@ -4055,8 +4060,17 @@ impl<R: Remote> Fs<R> {
         parent: Ino,
         item: &DirItem,
     ) -> FsResult<Entry> {
-        if let Some(attr) = self.special_child(parent, &item.name, true) {
-            return Ok(self.entry(attr));
+        match self.special_child(parent, &item.name, true) {
+            Some(attr) => return Ok(self.entry(attr)),
+            // Removed or renamed since the directory was opened: it is nowhere now (the
+            // server never had it).
+            None if item.local => {
+                return Err(FsError::new(
+                    libc::ENOENT,
+                    format!("{:?}: removed since the listing", item.name),
+                ))
+            }
+            None => {}
         }
         let attrs = item
             .attrs

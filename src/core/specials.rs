@@ -17,7 +17,7 @@
 //! directory then comes back under a new number. A directory renamed through the mount
 //! takes them along ([`Specials::move_dir`]).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -263,8 +263,8 @@ fn whole_seconds(t: SystemTime) -> Option<u32> {
 }
 
 /// The hooks of the filesystem operations. Each returns at once (one uncontended lock) while
-/// the mount has no special file. Lock order: `specials` is never locked while `inodes` is
-/// held, nor the other way round.
+/// the mount has no special file. Lock order: `inodes` before `specials` (a directory rename
+/// moves both at once); nothing else holds either while taking the other.
 impl<R: Remote> Fs<R> {
     fn has_specials(&self) -> bool {
         !self.specials.lock().unwrap().is_empty()
@@ -314,7 +314,7 @@ impl<R: Remote> Fs<R> {
     ) -> FsResult<Entry> {
         let path = self.child_path(parent, name)?;
         let dir = self.path_of(parent)?;
-        let dir_attrs = self.name_free_on_server(&path, &dir, Op::Mkdir).await?;
+        let dir_attrs = self.name_free_on_server(&path, &dir, Op::Create).await?;
         // In a set-group-ID directory, new names take the directory's group (as on Linux).
         let dir_attr = self.make_attr(parent, &dir_attrs, None);
         let gid = match u32::from(dir_attr.perm) & libc::S_ISGID {
@@ -535,7 +535,13 @@ impl<R: Remote> Fs<R> {
         if let Err(e) = self.name_free_on_server(&new, &dir, Op::Link).await {
             return Some(Err(e));
         }
-        let attr = self.specials.lock().unwrap().link(ino, new);
+        let attr = {
+            let mut specials = self.specials.lock().unwrap();
+            if specials.at(&new).is_some() {
+                return Some(Err(exists(&new)));
+            }
+            specials.link(ino, new)
+        };
         let Some(attr) = attr else {
             return Some(Err(FsError::new(
                 libc::ENOENT,
@@ -578,7 +584,8 @@ impl<R: Remote> Fs<R> {
         if here.is_empty() {
             return items;
         }
-        items.retain(|i| !here.iter().any(|(name, _)| *name == i.name));
+        let shadowed: HashSet<&OsStr> = here.iter().map(|(name, _)| name.as_os_str()).collect();
+        items.retain(|i| !shadowed.contains(i.name.as_os_str()));
         let listed_at = items.first().map_or(0, |i| i.listed_at);
         items.extend(here.into_iter().map(|(name, a)| DirItem {
             name,
@@ -594,6 +601,7 @@ impl<R: Remote> Fs<R> {
             }),
             nlink: Some(a.nlink),
             listed_at,
+            local: true,
         }));
         for (i, item) in items.iter_mut().enumerate() {
             item.next_offset = i as u64 + 1;

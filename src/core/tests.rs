@@ -5314,7 +5314,18 @@ async fn fifos_and_sockets_live_in_the_mount_only() {
         libc::ENOTDIR,
         "rmdir of a FIFO",
     );
+    // Removed while a directory handle listing it is open: its later readdirplus batch
+    // must not hand it out (nor make a server file of it).
+    let dh = h.fs.opendir(d).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    h.fs.releasedir(dh);
     h.fs.unlink(d, os("p")).await.unwrap();
+    let listed_p = items.iter().find(|i| i.name == "p").expect("p listed");
+    assert_errno(
+        h.fs.readdirplus_entry(d, listed_p).await,
+        libc::ENOENT,
+        "readdirplus of a FIFO removed since the listing",
+    );
     h.fs.unlink(d, os("s")).await.unwrap();
     assert_errno(h.fs.lookup(d, os("p")).await, libc::ENOENT, "after unlink");
     assert!(listed_kinds(&h, d).await.is_empty());
