@@ -2066,7 +2066,7 @@ impl<R: Remote> Fs<R> {
 
     pub async fn unlink(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("unlink")?;
-        if self.unlink_special(parent, name)? {
+        if self.unlink_special(parent, name).await? {
             return Ok(());
         }
         let path = self.child_path(parent, name)?;

@@ -27,7 +27,7 @@ use super::errno::Op;
 use super::inode::Ino;
 use super::{Attr, Caller, DirItem, Entry, Fs, SetattrRequest, TimeSpec};
 use crate::error::{FsError, FsResult};
-use crate::remote::{Attrs, FileKind, Remote, RemoteError, Status};
+use crate::remote::{Attrs, FileKind, Remote, RemoteError, Seconds, SetAttrs, Status};
 
 /// How many special files one mount keeps at most (each costs a few hundred bytes): past
 /// this, mknod answers `ENOSPC`, so that a runaway tool cannot grow the mount without bound.
@@ -340,9 +340,34 @@ impl<R: Remote> Fs<R> {
             specials.make(ino, path, kind, perm, (caller.uid, gid));
             specials.attr(ino)
         };
-        self.status_changed(parent);
+        self.names_changed_in(parent, dir_attrs.atime).await;
         let attr = attr.expect("just made");
         Ok(self.entry(attr))
+    }
+
+    /// A special file came into or left directory `dir`: its mtime moves to now on the
+    /// server, as a local disk's would (the server, which does not see the name, would not
+    /// move it), and its ctime here. `atime`: the directory's, when just learnt (SFTP sets
+    /// both times at once). Best effort: the change itself is made; a failure here leaves
+    /// the old mtime.
+    async fn names_changed_in(&self, dir: Ino, atime: Option<Seconds>) {
+        self.status_changed(dir);
+        let Ok(path) = self.path_of(dir) else { return };
+        let atime = match atime {
+            Some(a) => Some(a),
+            None => self.remote.stat(&path).await.ok().and_then(|a| a.atime),
+        };
+        let (Some(atime), Some(now)) = (atime, whole_seconds(SystemTime::now())) else {
+            return;
+        };
+        let times = SetAttrs {
+            atime_mtime: Some((atime, now)),
+            ..SetAttrs::default()
+        };
+        match self.remote.setstat(&path, times).await {
+            Ok(()) => self.attrs_changed(dir, None),
+            Err(e) => tracing::debug!("{}: mtime not moved: {e}", path.display()),
+        }
     }
 
     /// That `path` names nothing on the server (nor a special file here), and that its
@@ -368,14 +393,14 @@ impl<R: Remote> Fs<R> {
     }
 
     /// unlink(2) of `name` in `parent` if it is a special file: returns whether it was.
-    pub(super) fn unlink_special(&self, parent: Ino, name: &OsStr) -> FsResult<bool> {
+    pub(super) async fn unlink_special(&self, parent: Ino, name: &OsStr) -> FsResult<bool> {
         if !self.has_specials() {
             return Ok(false);
         }
         let path = self.child_path(parent, name)?;
         let gone = self.specials.lock().unwrap().unlink(&path).is_some();
         if gone {
-            self.status_changed(parent);
+            self.names_changed_in(parent, None).await;
         }
         Ok(gone)
     }
@@ -468,14 +493,20 @@ impl<R: Remote> Fs<R> {
             }
         };
         if outcome.is_ok() {
-            let mut specials = self.specials.lock().unwrap();
-            match source {
-                Some(_) => specials.rename(&from, &to),
-                None => drop(specials.unlink(&to)),
+            {
+                let mut specials = self.specials.lock().unwrap();
+                match source {
+                    Some(_) => specials.rename(&from, &to),
+                    None => drop(specials.unlink(&to)),
+                }
             }
-            drop(specials);
-            self.status_changed(parent);
-            self.status_changed(new_parent);
+            // (A file of the server moved: the server moved the directories' mtimes.)
+            if source.is_some() {
+                self.names_changed_in(parent, None).await;
+                if new_parent != parent {
+                    self.names_changed_in(new_parent, None).await;
+                }
+            }
         }
         Some(outcome)
     }
@@ -532,9 +563,10 @@ impl<R: Remote> Fs<R> {
             Ok(d) => d,
             Err(e) => return Some(Err(e)),
         };
-        if let Err(e) = self.name_free_on_server(&new, &dir, Op::Link).await {
-            return Some(Err(e));
-        }
+        let dir_attrs = match self.name_free_on_server(&new, &dir, Op::Link).await {
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
+        };
         let attr = {
             let mut specials = self.specials.lock().unwrap();
             if specials.at(&new).is_some() {
@@ -548,7 +580,7 @@ impl<R: Remote> Fs<R> {
                 format!("special file {ino} was removed"),
             )));
         };
-        self.status_changed(new_parent);
+        self.names_changed_in(new_parent, dir_attrs.atime).await;
         Some(Ok(self.entry(attr)))
     }
 

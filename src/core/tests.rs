@@ -5230,10 +5230,20 @@ async fn fifos_and_sockets_live_in_the_mount_only() {
         (fifo.attr.uid, fifo.attr.gid, fifo.attr.size),
         (65534, 65533, 0)
     );
+    // The directory's mtime moves as on a local disk (the server sees no new name in it).
+    let old = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let set_mtime = |t| {
+        std::fs::File::open(h.disk("d"))
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(t))
+            .unwrap()
+    };
+    set_mtime(old);
     let sock =
         h.fs.mknod(d, os("s"), libc::S_IFSOCK | 0o755, UMASK, Caller::ROOT)
             .await
             .expect("bind");
+    assert!(h.meta("d").modified().unwrap() > old, "mtime after mknod");
     assert_eq!(sock.attr.kind, FileKind::Socket);
     assert!(!h.disk("d/p").exists() && !h.disk("d/s").exists());
     assert_eq!(std::fs::read_dir(h.disk("d")).unwrap().count(), 0);
@@ -5326,7 +5336,9 @@ async fn fifos_and_sockets_live_in_the_mount_only() {
         libc::ENOENT,
         "readdirplus of a FIFO removed since the listing",
     );
+    set_mtime(old);
     h.fs.unlink(d, os("s")).await.unwrap();
+    assert!(h.meta("d").modified().unwrap() > old, "mtime after unlink");
     assert_errno(h.fs.lookup(d, os("p")).await, libc::ENOENT, "after unlink");
     assert!(listed_kinds(&h, d).await.is_empty());
     h.fs.forget(fifo.attr.ino, 2);
