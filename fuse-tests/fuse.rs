@@ -22,7 +22,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -4482,7 +4482,7 @@ fn fsx_under_connection_drops() {
 
 /// Namespace model check on the default mount (caches on, absent names kept by the kernel)
 /// and on one that keeps names, listings and absences for ten minutes: runs of random
-/// creates, writes, unlinks, renames, mkdirs, rmdirs, hard links and symlinks, `stat`s and
+/// creates, writes, unlinks, renames, mkdirs, rmdirs, hard links, symlinks, FIFOs, `stat`s and
 /// listings of names that exist and of names that do not (see [`namespace_run`]).
 /// `AWCP_FSX_SEEDS=N` runs N more seeds on each kind of mount.
 #[test]
@@ -4511,6 +4511,8 @@ fn tree_of(root: &Path) -> Vec<(PathBuf, String)> {
             let md = fs::symlink_metadata(&path).unwrap();
             let what = if md.file_type().is_symlink() {
                 format!("symlink to {:?}", fs::read_link(&path).unwrap())
+            } else if std::os::unix::fs::FileTypeExt::is_fifo(&md.file_type()) {
+                "fifo".to_string()
             } else if md.is_dir() {
                 dirs.push(rel.clone());
                 "directory".to_string()
@@ -4559,7 +4561,13 @@ fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
         p.join(NAMES[rng.below(NAMES.len())])
     };
     // How often each operation comes, by its number below.
-    const WEIGHTS: [usize; 11] = [3, 1, 2, 2, 1, 2, 1, 1, 2, 1, 1];
+    const WEIGHTS: [usize; 12] = [3, 1, 2, 2, 1, 2, 1, 1, 2, 1, 1, 1];
+    // Opens that do not wait for the other end of a FIFO (a no-op for anything else).
+    let nonblocking = || {
+        let mut o = OpenOptions::new();
+        o.custom_flags(libc::O_NONBLOCK);
+        o
+    };
     for i in 0..ops {
         // The directories that exist now (the root included), for both paths.
         let dirs: Vec<PathBuf> = std::iter::once(PathBuf::new())
@@ -4599,7 +4607,7 @@ fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
                         .and_then(|mut f| f.write_all(data.as_bytes())),
                 ),
                 1 => done(
-                    OpenOptions::new()
+                    nonblocking()
                         .write(true)
                         .truncate(true)
                         .open(&p)
@@ -4622,7 +4630,15 @@ fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
                         format!("{names:?}")
                     })
                     .map_err(code_of),
-                _ => fs::read(&p)
+                // A FIFO, which the mount keeps itself (the server cannot make one).
+                11 => done(mkfifo(&p)),
+                _ => nonblocking()
+                    .read(true)
+                    .open(&p)
+                    .and_then(|mut f| {
+                        let mut b = Vec::new();
+                        f.read_to_end(&mut b).map(|_| b)
+                    })
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
                     .map_err(code_of),
             }
@@ -4652,9 +4668,12 @@ fn namespace_run(mut m: TestMount, seed: u64, ops: usize) {
         "seed {seed}: trees differ at the end"
     );
     m.unmount().unwrap();
+    // The server has all but the FIFOs.
+    let mut without_fifos = tree_of(&loc);
+    without_fifos.retain(|(_, what)| what != "fifo");
     assert_eq!(
         tree_of(&m.e(format!("ns{seed}"))),
-        tree_of(&loc),
+        without_fifos,
         "seed {seed}: the server's copy (left) differs after the unmount"
     );
 }
