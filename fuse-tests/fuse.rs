@@ -4517,10 +4517,15 @@ fn tree_of(root: &Path) -> Vec<(PathBuf, String)> {
                 dirs.push(rel.clone());
                 "directory".to_string()
             } else {
-                format!(
-                    "file {:?}",
-                    String::from_utf8_lossy(&fs::read(&path).unwrap())
-                )
+                // (Non-blocking: a FIFO shown as a file must fail the test, not hang it.)
+                let mut bytes = Vec::new();
+                OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_NONBLOCK)
+                    .open(&path)
+                    .and_then(|mut f| f.read_to_end(&mut bytes))
+                    .unwrap();
+                format!("file {:?}", String::from_utf8_lossy(&bytes))
             };
             out.push((rel, what));
         }

@@ -27,7 +27,7 @@ use super::errno::Op;
 use super::inode::Ino;
 use super::{Attr, Caller, DirItem, Entry, Fs, SetattrRequest, TimeSpec};
 use crate::error::{FsError, FsResult};
-use crate::remote::{Attrs, FileKind, Remote, RemoteError, Seconds, SetAttrs, Status};
+use crate::remote::{Attrs, FileKind, Remote, RemoteError, SetAttrs, Status};
 
 /// How many special files one mount keeps at most (each costs a few hundred bytes): past
 /// this, mknod answers `ENOSPC`, so that a runaway tool cannot grow the mount without bound.
@@ -340,28 +340,32 @@ impl<R: Remote> Fs<R> {
             specials.make(ino, path, kind, perm, (caller.uid, gid));
             specials.attr(ino)
         };
-        self.names_changed_in(parent, dir_attrs.atime).await;
+        self.names_changed_in(parent, Some(dir_attrs)).await;
         let attr = attr.expect("just made");
         Ok(self.entry(attr))
     }
 
     /// A special file came into or left directory `dir`: its mtime moves to now on the
     /// server, as a local disk's would (the server, which does not see the name, would not
-    /// move it), and its ctime here. `atime`: the directory's, when just learnt (SFTP sets
-    /// both times at once). Best effort: the change itself is made; a failure here leaves
+    /// move it), and its ctime here. `known`: the directory's attributes, when just learnt
+    /// (SFTP sets atime and mtime at once). Best effort, and whole seconds: the change itself
+    /// is made; a server that refuses (it lets only a directory's owner set its times) leaves
     /// the old mtime.
-    async fn names_changed_in(&self, dir: Ino, atime: Option<Seconds>) {
+    async fn names_changed_in(&self, dir: Ino, known: Option<Attrs>) {
         self.status_changed(dir);
         let Ok(path) = self.path_of(dir) else { return };
-        let atime = match atime {
+        let known = match known {
             Some(a) => Some(a),
-            None => self.remote.stat(&path).await.ok().and_then(|a| a.atime),
+            None => self.remote.stat(&path).await.ok(),
         };
-        let (Some(atime), Some(now)) = (atime, whole_seconds(SystemTime::now())) else {
+        let (Some(attrs), Some(now)) = (known, whole_seconds(SystemTime::now())) else {
             return;
         };
+        let Some(atime) = attrs.atime else { return };
+        // Never backwards (this machine's clock may be behind the server's).
+        let mtime = attrs.mtime.map_or(now, |m| m.max(now));
         let times = SetAttrs {
-            atime_mtime: Some((atime, now)),
+            atime_mtime: Some((atime, mtime)),
             ..SetAttrs::default()
         };
         match self.remote.setstat(&path, times).await {
@@ -580,7 +584,7 @@ impl<R: Remote> Fs<R> {
                 format!("special file {ino} was removed"),
             )));
         };
-        self.names_changed_in(new_parent, dir_attrs.atime).await;
+        self.names_changed_in(new_parent, Some(dir_attrs)).await;
         Some(Ok(self.entry(attr)))
     }
 

@@ -5382,8 +5382,19 @@ async fn special_files_rename_and_link_as_on_a_local_disk() {
     assert_eq!(h.lookup(ROOT, "target").await, fifo.attr.ino);
     assert_errno(h.fs.lookup(d, os("p")).await, libc::ENOENT, "old name");
 
-    // A second name of the FIFO is the same inode, with two links.
+    // A second name of the FIFO is the same inode, with two links; the directory's mtime
+    // moves (as for a rename of one, in both directories).
+    let old = UNIX_EPOCH + Duration::from_secs(1_000_000);
+    let set_mtime = |dir: &str| {
+        std::fs::File::open(h.disk(dir))
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(old))
+            .unwrap()
+    };
+    let moved = |dir: &str| h.meta(dir).modified().unwrap() > old;
+    set_mtime("d");
     let e = h.fs.link(fifo.attr.ino, d, os("q")).await.unwrap();
+    assert!(moved("d"), "mtime after link");
     assert_eq!((e.attr.ino, e.attr.nlink), (fifo.attr.ino, 2));
     assert_errno(
         h.fs.link(fifo.attr.ino, ROOT, os("d")).await,
@@ -5418,9 +5429,15 @@ async fn special_files_rename_and_link_as_on_a_local_disk() {
     );
 
     // A directory renamed takes its FIFOs along; one holding FIFOs cannot be replaced.
+    set_mtime("");
+    set_mtime("d/sub");
     h.fs.rename(ROOT, os("target"), sub, os("p"), 0)
         .await
         .unwrap();
+    assert!(
+        moved("") && moved("d/sub"),
+        "mtimes after a rename across directories"
+    );
     assert_errno(
         h.fs.rename(ROOT, os("emptydir"), d, os("sub"), 0).await,
         libc::ENOTEMPTY,
