@@ -772,6 +772,13 @@ fn setattr_by_path_is_answered_with_the_servers_attributes() {
         .unwrap();
         fs::set_permissions(m.p(&name), fs::Permissions::from_mode(0o640)).unwrap();
         let shown = fs::metadata(m.p(&name)).unwrap();
+        // The kernel sends the close of `fs::write` behind its return: if the mount has not
+        // had it yet, the file is still open by its creator and the times and mode go behind
+        // its writes. fsync(2) is what makes sure they are on the server (through a
+        // descriptor for writing: reading would move the server's atime).
+        let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
         let server = fs::metadata(m.e(&name)).unwrap();
         assert_eq!(
             (shown.len(), shown.mtime(), shown.mode() & 0o7777),
@@ -2160,6 +2167,9 @@ fn hard_link_counts_follow_link_and_unlink() {
         1,
         "stat after the listing"
     );
+    // The unlink was answered before the server carried it out; fsync of the directory
+    // waits for it (the listing above may have come from the cache).
+    File::open(&m.mnt).unwrap().sync_all().unwrap();
     assert_eq!(fs::metadata(m.e("h")).unwrap().nlink(), 1, "on the server");
 }
 
