@@ -772,14 +772,7 @@ fn setattr_by_path_is_answered_with_the_servers_attributes() {
         .unwrap();
         fs::set_permissions(m.p(&name), fs::Permissions::from_mode(0o640)).unwrap();
         let shown = fs::metadata(m.p(&name)).unwrap();
-        // The kernel sends the close of `fs::write` behind its return: if the mount has not
-        // had it yet, the file is still open by its creator and the times and mode go behind
-        // its writes. fsync(2) is what makes sure they are on the server (through a
-        // descriptor for writing: reading would move the server's atime).
-        let f = OpenOptions::new().write(true).open(m.p(&name)).unwrap();
-        f.sync_all().unwrap();
-        drop(f);
-        let server = fs::metadata(m.e(&name)).unwrap();
+        let server = settled_on_server(&m, &name);
         assert_eq!(
             (shown.len(), shown.mtime(), shown.mode() & 0o7777),
             (len as u64, 1_500_000_000, 0o640),
@@ -1069,6 +1062,18 @@ fn large_file_round_trip_and_offsets() {
 
 // ------------------------------------------------------------------ metadata
 
+/// The server's attributes of `name` once the changes to it are all there. A chmod, chown or
+/// utimes by path can go behind the writes of the descriptor that created the file while
+/// the kernel's close of that descriptor is still on its way (it sends it after close(2)
+/// returns); fsync(2) waits for them (through a descriptor for writing: a read would move
+/// the server's atime).
+fn settled_on_server(m: &TestMount, name: &str) -> fs::Metadata {
+    let f = OpenOptions::new().write(true).open(m.p(name)).unwrap();
+    f.sync_all().unwrap();
+    drop(f);
+    fs::metadata(m.e(name)).unwrap()
+}
+
 #[test]
 fn metadata_chmod_chown_truncate_times() {
     let m = TestMount::start(&[NO_CACHE]);
@@ -1078,7 +1083,7 @@ fn metadata_chmod_chown_truncate_times() {
     for mode in [0o640, 0o751, 0o600] {
         fs::set_permissions(m.p("f"), fs::Permissions::from_mode(mode)).unwrap();
         assert_eq!(
-            fs::metadata(m.e("f")).unwrap().mode() & 0o7777,
+            settled_on_server(&m, "f").mode() & 0o7777,
             mode,
             "server mode"
         );
@@ -1095,17 +1100,17 @@ fn metadata_chmod_chown_truncate_times() {
 
     // chown (we are root): both, then each half alone must keep the other.
     std::os::unix::fs::chown(m.p("f"), Some(1234), Some(5678)).unwrap();
-    let s = fs::metadata(m.e("f")).unwrap();
+    let s = settled_on_server(&m, "f");
     assert_eq!((s.uid(), s.gid()), (1234, 5678));
     std::os::unix::fs::chown(m.p("f"), Some(4321), None).unwrap();
-    let s = fs::metadata(m.e("f")).unwrap();
+    let s = settled_on_server(&m, "f");
     assert_eq!(
         (s.uid(), s.gid()),
         (4321, 5678),
         "chown uid only clobbered the gid"
     );
     std::os::unix::fs::chown(m.p("f"), None, Some(8765)).unwrap();
-    let s = fs::metadata(m.e("f")).unwrap();
+    let s = settled_on_server(&m, "f");
     assert_eq!(
         (s.uid(), s.gid()),
         (4321, 8765),
@@ -1113,7 +1118,7 @@ fn metadata_chmod_chown_truncate_times() {
     );
     let s = fs::metadata(m.p("f")).unwrap();
     assert_eq!((s.uid(), s.gid()), (4321, 8765), "mount shows other ids");
-    assert_eq!(fs::metadata(m.e("f")).unwrap().mode() & 0o7777, 0o600);
+    assert_eq!(settled_on_server(&m, "f").mode() & 0o7777, 0o600);
 
     // truncate: down and up, by descriptor (ftruncate) and by path (truncate).
     let f = OpenOptions::new().write(true).open(m.p("f")).unwrap();
@@ -1135,7 +1140,7 @@ fn metadata_chmod_chown_truncate_times() {
     assert_eq!(fs::read(m.e("f")).unwrap(), b"01");
     assert_eq!(fs::metadata(m.p("f")).unwrap().len(), 2);
     truncate_path(&m.p("f"), 0).unwrap();
-    assert_eq!(fs::metadata(m.e("f")).unwrap().len(), 0);
+    assert_eq!(settled_on_server(&m, "f").len(), 0);
     // O_TRUNC through open.
     fs::write(m.p("f"), b"0123456789").unwrap();
     drop(
@@ -1145,7 +1150,7 @@ fn metadata_chmod_chown_truncate_times() {
             .open(m.p("f"))
             .unwrap(),
     );
-    assert_eq!(fs::metadata(m.e("f")).unwrap().len(), 0);
+    assert_eq!(settled_on_server(&m, "f").len(), 0);
 
     // stat sizes agree with the server for a few sizes.
     for (i, size) in [0usize, 1, 511, 512, 4096, 100_001].into_iter().enumerate() {
@@ -1174,7 +1179,7 @@ fn metadata_chmod_chown_truncate_times() {
         Some((1_500_000_000, 987_654_321)),
     )
     .unwrap();
-    let s = fs::metadata(m.e("t")).unwrap();
+    let s = settled_on_server(&m, "t");
     assert_eq!(
         (s.atime(), s.mtime()),
         (1_600_000_000, 1_500_000_000),
@@ -1193,7 +1198,7 @@ fn metadata_chmod_chown_truncate_times() {
     );
     // atime only must not clobber the mtime...
     set_times(&m.p("t"), Some((1_700_000_000, 0)), None).unwrap();
-    let s = fs::metadata(m.e("t")).unwrap();
+    let s = settled_on_server(&m, "t");
     assert_eq!(
         s.mtime(),
         1_500_000_000,
@@ -1202,7 +1207,7 @@ fn metadata_chmod_chown_truncate_times() {
     assert_eq!(s.atime(), 1_700_000_000);
     // ...and mtime only must not clobber the atime.
     set_times(&m.p("t"), None, Some((1_400_000_000, 0))).unwrap();
-    let s = fs::metadata(m.e("t")).unwrap();
+    let s = settled_on_server(&m, "t");
     assert_eq!(
         s.atime(),
         1_700_000_000,
@@ -1218,7 +1223,7 @@ fn metadata_chmod_chown_truncate_times() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs() as i64;
-    let s = fs::metadata(m.e("t")).unwrap();
+    let s = settled_on_server(&m, "t");
     assert!(
         (s.mtime() - now).abs() <= 5,
         "touch: mtime {} vs now {now}",
@@ -1232,7 +1237,7 @@ fn metadata_chmod_chown_truncate_times() {
     )
     .unwrap();
     fs::write(m.p("t"), b"rewritten").unwrap();
-    assert!(fs::metadata(m.e("t")).unwrap().mtime() >= now - 5);
+    assert!(settled_on_server(&m, "t").mtime() >= now - 5);
 }
 
 // ------------------------------------------------------------------ errno
