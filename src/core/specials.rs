@@ -25,7 +25,7 @@ use std::time::SystemTime;
 
 use super::errno::Op;
 use super::inode::Ino;
-use super::{Attr, Caller, DirItem, Entry, Fs, SetattrRequest, TimeSpec};
+use super::{to_seconds, Attr, Caller, DirItem, Entry, Fs, SetattrRequest, TimeSpec};
 use crate::error::{FsError, FsResult};
 use crate::remote::{Attrs, FileKind, Remote, RemoteError, SetAttrs, Status};
 
@@ -76,7 +76,7 @@ impl Specials {
 
     /// Whether some special file has a name below directory `dir`.
     pub fn any_under(&self, dir: &Path) -> bool {
-        !self.is_empty() && self.by_path.keys().any(|p| p != dir && p.starts_with(dir))
+        self.by_path.keys().any(|p| p != dir && p.starts_with(dir))
     }
 
     /// The names directly in directory `dir`, with their inodes.
@@ -187,14 +187,23 @@ impl Specials {
             return;
         }
         self.unlink(to);
-        self.by_path.remove(from);
-        self.by_path.insert(to.to_path_buf(), ino);
+        self.move_name(from, to.to_path_buf());
         if let Some(s) = self.nodes.get_mut(&ino) {
-            for p in s.paths.iter_mut().filter(|p| p.as_path() == from) {
-                *p = to.to_path_buf();
-            }
             s.ctime = SystemTime::now();
         }
+    }
+
+    /// The name `old` becomes `new` (free), for the node it names.
+    fn move_name(&mut self, old: &Path, new: PathBuf) {
+        let Some(ino) = self.by_path.remove(old) else {
+            return;
+        };
+        if let Some(s) = self.nodes.get_mut(&ino) {
+            for p in s.paths.iter_mut().filter(|p| p.as_path() == old) {
+                *p = new.clone();
+            }
+        }
+        self.by_path.insert(new, ino);
     }
 
     /// Directory `from` was renamed to `to`: the special files below it go along.
@@ -209,15 +218,7 @@ impl Specials {
             .filter(|(old, _)| old != from)
             .collect();
         for (old, new) in moved {
-            let Some(ino) = self.by_path.remove(&old) else {
-                continue;
-            };
-            self.by_path.insert(new.clone(), ino);
-            if let Some(s) = self.nodes.get_mut(&ino) {
-                for p in s.paths.iter_mut().filter(|p| **p == old) {
-                    *p = new.clone();
-                }
-            }
+            self.move_name(&old, new);
         }
     }
 
@@ -257,11 +258,6 @@ fn type_bits(kind: FileKind) -> u32 {
     }
 }
 
-fn whole_seconds(t: SystemTime) -> Option<u32> {
-    let secs = t.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs();
-    Some(secs.min(u32::MAX as u64) as u32)
-}
-
 /// The hooks of the filesystem operations. Each returns at once (one uncontended lock) while
 /// the mount has no special file. Lock order: `inodes` before `specials` (a directory rename
 /// moves both at once); nothing else holds either while taking the other.
@@ -271,11 +267,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub(super) fn special_attr(&self, ino: Ino) -> Option<Attr> {
-        let specials = self.specials.lock().unwrap();
-        if specials.is_empty() {
-            return None;
-        }
-        specials.attr(ino)
+        self.specials.lock().unwrap().attr(ino)
     }
 
     /// The special file named `path`, taking one kernel lookup of it if `lookup`.
@@ -358,10 +350,9 @@ impl<R: Remote> Fs<R> {
             Some(a) => Some(a),
             None => self.remote.stat(&path).await.ok(),
         };
-        let (Some(attrs), Some(now)) = (known, whole_seconds(SystemTime::now())) else {
-            return;
-        };
+        let Some(attrs) = known else { return };
         let Some(atime) = attrs.atime else { return };
+        let now = to_seconds(TimeSpec::Now);
         // Never backwards (this machine's clock may be behind the server's).
         let mtime = attrs.mtime.map_or(now, |m| m.max(now));
         let times = SetAttrs {
@@ -632,8 +623,8 @@ impl<R: Remote> Fs<R> {
                 uid: Some(a.uid),
                 gid: Some(a.gid),
                 mode: Some(type_bits(a.kind) | u32::from(a.perm)),
-                atime: whole_seconds(a.atime),
-                mtime: whole_seconds(a.mtime),
+                atime: Some(to_seconds(TimeSpec::At(a.atime))),
+                mtime: Some(to_seconds(TimeSpec::At(a.mtime))),
             }),
             nlink: Some(a.nlink),
             listed_at,

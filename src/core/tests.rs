@@ -5206,6 +5206,14 @@ async fn listed_kinds(h: &Harness, dir: Ino) -> Vec<(String, FileKind, u64)> {
     out
 }
 
+/// Set the mtime of `rel` on the disk behind the mount (the server's copy).
+fn set_disk_mtime(h: &Harness, rel: &str, t: SystemTime) {
+    std::fs::File::open(h.disk(rel))
+        .unwrap()
+        .set_times(std::fs::FileTimes::new().set_modified(t))
+        .unwrap()
+}
+
 /// FIFOs and sockets are kept by the mount (SFTP cannot make them): mknod makes them with
 /// the caller as owner and the umask applied, lookup, getattr, readdir and readdirplus show
 /// them, chmod/chown/utimes change them (truncate is EINVAL), unlink removes them, and the
@@ -5232,12 +5240,7 @@ async fn fifos_and_sockets_live_in_the_mount_only() {
     );
     // The directory's mtime moves as on a local disk (the server sees no new name in it).
     let old = UNIX_EPOCH + Duration::from_secs(1_000_000);
-    let set_mtime = |t| {
-        std::fs::File::open(h.disk("d"))
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(t))
-            .unwrap()
-    };
+    let set_mtime = |t| set_disk_mtime(&h, "d", t);
     set_mtime(old);
     let sock =
         h.fs.mknod(d, os("s"), libc::S_IFSOCK | 0o755, UMASK, Caller::ROOT)
@@ -5385,12 +5388,7 @@ async fn special_files_rename_and_link_as_on_a_local_disk() {
     // A second name of the FIFO is the same inode, with two links; the directory's mtime
     // moves (as for a rename of one, in both directories).
     let old = UNIX_EPOCH + Duration::from_secs(1_000_000);
-    let set_mtime = |dir: &str| {
-        std::fs::File::open(h.disk(dir))
-            .unwrap()
-            .set_times(std::fs::FileTimes::new().set_modified(old))
-            .unwrap()
-    };
+    let set_mtime = |dir: &str| set_disk_mtime(&h, dir, old);
     let moved = |dir: &str| h.meta(dir).modified().unwrap() > old;
     set_mtime("d");
     let e = h.fs.link(fifo.attr.ino, d, os("q")).await.unwrap();
