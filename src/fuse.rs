@@ -105,7 +105,7 @@ fn fuse_attr(a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.rdev,
         blksize: 4096,
         flags: 0,
     }
@@ -274,16 +274,19 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        // Regular files (an exclusive create), FIFOs and sockets (kept by the mount); SFTP
-        // cannot make device nodes.
+        // Regular files (an exclusive create); FIFOs, sockets and device nodes, which SFTP
+        // cannot make, are kept by the mount.
         let fs = self.fs.clone();
         let name = name.to_owned();
         let caller = caller(req);
         self.spawn("mknod", req, async move {
-            reply_entry(reply, fs.mknod(parent.0, &name, mode, umask, caller).await)
+            reply_entry(
+                reply,
+                fs.mknod(parent.0, &name, mode, rdev, umask, caller).await,
+            )
         });
     }
 
@@ -549,6 +552,7 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
                         nlink: 1,
                         uid: 0,
                         gid: 0,
+                        rdev: 0,
                     };
                     if reply.add(
                         INodeNo(attr.ino),

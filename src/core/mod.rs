@@ -34,7 +34,7 @@ use self::file::{OpenFile, Told, WriteStream};
 use self::inode::{Ino, InodeTable, Location, PageCacheMark, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
 use self::remove_behind::RemovesBehind;
-use self::specials::Specials;
+use self::specials::{Node, Specials};
 use crate::error::{FsError, FsResult};
 use crate::policy::containment;
 use crate::policy::enforcer::Enforcer;
@@ -59,6 +59,9 @@ pub struct Attr {
     pub nlink: u32,
     pub uid: u32,
     pub gid: u32,
+    /// A device node's number (the kernel's encoding); 0 for everything else. Only device
+    /// nodes made through the mount have one: SFTP v3 does not carry it.
+    pub rdev: u32,
 }
 
 /// An answer to lookup/mkdir/create/...: the inode and how long the kernel may cache it.
@@ -111,7 +114,7 @@ pub struct DirItem {
     pub nlink: Option<u32>,
     /// The change clock when the listing was taken (see `MetaCache::changed_since`).
     pub listed_at: u64,
-    /// A FIFO or socket the mount keeps (see `specials`), not an entry of the server.
+    /// A special file the mount keeps (see `specials`), not an entry of the server.
     pub local: bool,
 }
 
@@ -290,7 +293,8 @@ pub struct Fs<R: Remote> {
     config: Mutex<FsConfig>,
     read_only: AtomicBool,
     inodes: Mutex<InodeTable>,
-    /// FIFOs and sockets made through the mount, which only the mount keeps (see `specials`).
+    /// FIFOs, sockets and device nodes made through the mount, which only the mount keeps
+    /// (see `specials`).
     specials: Mutex<Specials>,
     cache: Mutex<MetaCache>,
     files: Mutex<HashMap<u64, Arc<OpenFile<R>>>>,
@@ -684,6 +688,7 @@ impl<R: Remote> Fs<R> {
             nlink: known_nlink.or(nlink).unwrap_or(1),
             uid,
             gid,
+            rdev: 0,
         }
     }
 
@@ -2969,39 +2974,30 @@ impl<R: Remote> Fs<R> {
     }
 
     /// mknod(2). A regular file is created as `create` with `O_EXCL` would (sshfs does the
-    /// same), with the same read-only and quota checks, and closed again. FIFOs and sockets
-    /// are kept by the mount itself (see `specials`); SFTP cannot create device nodes:
-    /// `EPERM`.
+    /// same), with the same read-only and quota checks, and closed again. FIFOs, sockets
+    /// and device nodes (number `rdev`), which SFTP cannot create, are kept by the mount
+    /// itself (see `specials`).
     pub async fn mknod(
         self: &Arc<Self>,
         parent: Ino,
         name: &OsStr,
         mode: u32,
+        rdev: u32,
         umask: u32,
         caller: Caller,
     ) -> FsResult<Entry> {
         self.check_writable("mknod")?;
         self.removes_behind.all_settled().await;
-        let kind = mode & libc::S_IFMT;
         let perm = (mode & !umask & 0o7777) as u16;
-        match kind {
-            libc::S_IFIFO => {
-                return self
-                    .make_special(parent, name, FileKind::Fifo, perm, caller)
-                    .await
-            }
-            libc::S_IFSOCK => {
-                return self
-                    .make_special(parent, name, FileKind::Socket, perm, caller)
-                    .await
-            }
-            _ => {}
+        if let Some(node) = Node::of_mode(mode, rdev) {
+            return self.make_special(parent, name, node, perm, caller).await;
         }
-        // (The kernel turns a type of 0 into S_IFREG before it asks.)
+        // (The kernel turns a type of 0 into S_IFREG before it asks, and refuses the others.)
+        let kind = mode & libc::S_IFMT;
         if kind != libc::S_IFREG && kind != 0 {
             return Err(FsError::new(
-                libc::EPERM,
-                format!("mknod of type {kind:o}: SFTP cannot create device nodes"),
+                libc::EINVAL,
+                format!("mknod of type {kind:o}: not a type mknod(2) makes"),
             ));
         }
         let req = OpenRequest {
@@ -4179,7 +4175,7 @@ impl<R: Remote> Fs<R> {
         if mask == libc::F_OK {
             return Ok(());
         }
-        // (As on Linux, a read-only mount still lets a FIFO or socket be written: that
+        // (As on Linux, a read-only mount still lets a FIFO, socket or device be written: that
         // changes nothing in the filesystem.)
         let stored = matches!(
             attr.kind,

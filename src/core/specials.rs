@@ -1,4 +1,5 @@
-//! FIFOs and unix sockets made through the mount, kept by the mount process itself.
+//! FIFOs, unix sockets and device nodes made through the mount, kept by the mount process
+//! itself.
 //!
 //! SFTP v3 cannot make special files (OpenSSH's sftp-server has no mknod), so over sshfs
 //! `mkfifo` and `bind(2)` of a unix socket fail with `EPERM`, and a tool that puts a named
@@ -9,8 +10,13 @@
 //! So the mount keeps them itself: a name in a directory, a type, permissions, an owner and
 //! times, in memory, never sent to the server. Every process on this machine uses them as
 //! on a local disk (the kernel does the piping and the connecting); the server never sees
-//! them, and they are gone after the unmount. Device nodes stay `EPERM`: their numbers are
-//! data that would be lost, and the mount is `nodev` anyway.
+//! them, and they are gone after the unmount.
+//!
+//! Device nodes (which only root may make) are kept the same way, with their numbers, so
+//! that `stat`, `ls`, `rename` and `rm` of them work as on a local disk. The mount is always
+//! `nodev`, so none can be opened as a device: keeping one gives nobody access to anything.
+//! Unlike a FIFO, a device node means something the delegator might have wanted, and it
+//! does not get it: each one made is logged.
 //!
 //! They are kept by server path (absolute, as [`super::Fs`] builds them), not by parent
 //! inode: the kernel may forget a directory's inode while a FIFO in it lives on, and the
@@ -33,12 +39,39 @@ use crate::remote::{Attrs, FileKind, Remote, RemoteError, SetAttrs, Status};
 /// this, mknod answers `ENOSPC`, so that a runaway tool cannot grow the mount without bound.
 pub const MAX_SPECIALS: usize = 10_000;
 
+/// What mknod(2) asks for: the type, and a device node's number (0 for the others).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Node {
+    pub kind: FileKind,
+    pub rdev: u32,
+}
+
+impl Node {
+    /// The special file of mknod's `mode` and `rdev`, if its type is one the mount keeps.
+    pub fn of_mode(mode: u32, rdev: u32) -> Option<Node> {
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFIFO => FileKind::Fifo,
+            libc::S_IFSOCK => FileKind::Socket,
+            libc::S_IFCHR => FileKind::CharDevice,
+            libc::S_IFBLK => FileKind::BlockDevice,
+            _ => return None,
+        };
+        let device = matches!(kind, FileKind::CharDevice | FileKind::BlockDevice);
+        Some(Node {
+            kind,
+            rdev: if device { rdev } else { 0 },
+        })
+    }
+}
+
 #[derive(Debug)]
 struct Special {
     kind: FileKind,
     perm: u16,
     uid: u32,
     gid: u32,
+    /// A device node's number; 0 for FIFOs and sockets.
+    rdev: u32,
     atime: SystemTime,
     mtime: SystemTime,
     ctime: SystemTime,
@@ -93,13 +126,14 @@ impl Specials {
     }
 
     /// A new special file `ino` named `path`, with one lookup (the kernel's, from mknod).
-    pub fn make(&mut self, ino: Ino, path: PathBuf, kind: FileKind, perm: u16, owner: (u32, u32)) {
+    pub fn make(&mut self, ino: Ino, path: PathBuf, node: Node, perm: u16, owner: (u32, u32)) {
         let now = SystemTime::now();
         self.by_path.insert(path.clone(), ino);
         self.nodes.insert(
             ino,
             Special {
-                kind,
+                kind: node.kind,
+                rdev: node.rdev,
                 perm,
                 uid: owner.0,
                 gid: owner.1,
@@ -126,6 +160,7 @@ impl Specials {
             nlink: s.paths.len().min(u32::MAX as usize) as u32,
             uid: s.uid,
             gid: s.gid,
+            rdev: s.rdev,
         })
     }
 
@@ -254,6 +289,8 @@ impl Specials {
 fn type_bits(kind: FileKind) -> u32 {
     match kind {
         FileKind::Socket => libc::S_IFSOCK,
+        FileKind::CharDevice => libc::S_IFCHR,
+        FileKind::BlockDevice => libc::S_IFBLK,
         _ => libc::S_IFIFO,
     }
 }
@@ -293,14 +330,14 @@ impl<R: Remote> Fs<R> {
         self.specials.lock().unwrap().forget(ino, n)
     }
 
-    /// mknod(2) of a FIFO or a socket `name` in `parent` with permissions `perm`. The name
+    /// mknod(2) of a special file `name` in `parent` with permissions `perm`. The name
     /// must be free on the server as well (a name made there after this hides behind the
     /// special file while it lives), and `parent` a directory there.
     pub(super) async fn make_special(
         &self,
         parent: Ino,
         name: &OsStr,
-        kind: FileKind,
+        node: Node,
         perm: u16,
         caller: Caller,
     ) -> FsResult<Entry> {
@@ -323,15 +360,24 @@ impl<R: Remote> Fs<R> {
                 return Err(FsError::new(
                     libc::ENOSPC,
                     format!(
-                        "{}: the mount already keeps {MAX_SPECIALS} FIFOs and sockets, its \
-                         most; remove some",
+                        "{}: the mount already keeps {MAX_SPECIALS} special files (FIFOs, \
+                         sockets, device nodes), its most; remove some",
                         path.display()
                     ),
                 ));
             }
-            specials.make(ino, path, kind, perm, (caller.uid, gid));
+            specials.make(ino, path.clone(), node, perm, (caller.uid, gid));
             specials.attr(ino)
         };
+        if matches!(node.kind, FileKind::CharDevice | FileKind::BlockDevice) {
+            // Unlike a FIFO's, a device node's meaning (its number) is something the
+            // delegator might have wanted: say once per node that it stays here.
+            tracing::info!(
+                "{}: device node kept by this mount only (the server cannot make one); it \
+                 cannot be opened here (nodev) and is gone after the unmount",
+                path.display()
+            );
+        }
         self.names_changed_in(parent, Some(dir_attrs)).await;
         let attr = attr.expect("just made");
         Ok(self.entry(attr))
@@ -659,11 +705,15 @@ mod tests {
         PathBuf::from(s)
     }
 
+    fn node(kind: FileKind) -> Node {
+        Node { kind, rdev: 0 }
+    }
+
     #[test]
     fn names_follow_renames_links_and_unlinks() {
         let mut s = Specials::default();
-        s.make(10, p("/x/d/f"), FileKind::Fifo, 0o644, (1, 2));
-        s.make(11, p("/x/d/sub/s"), FileKind::Socket, 0o755, (1, 2));
+        s.make(10, p("/x/d/f"), node(FileKind::Fifo), 0o644, (1, 2));
+        s.make(11, p("/x/d/sub/s"), node(FileKind::Socket), 0o755, (1, 2));
         assert_eq!(s.in_dir(Path::new("/x/d")), vec![("f".into(), 10)]);
         assert!(s.any_under(Path::new("/x/d")) && s.any_under(Path::new("/x/d/sub")));
         assert!(!s.any_under(Path::new("/x/d/f")) && !s.any_under(Path::new("/x/dd")));
@@ -704,7 +754,7 @@ mod tests {
     #[test]
     fn attributes_change_as_asked() {
         let mut s = Specials::default();
-        s.make(5, p("/f"), FileKind::Fifo, 0o600, (1000, 1000));
+        s.make(5, p("/f"), node(FileKind::Fifo), 0o600, (1000, 1000));
         let t = SystemTime::UNIX_EPOCH + std::time::Duration::from_nanos(1_500_000_001);
         let a = s
             .set(

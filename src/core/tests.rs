@@ -5062,7 +5062,7 @@ async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
         .unwrap();
     assert_eq!(owner("l"), (65534, 65533), "the symlink itself");
     assert_eq!(owner("f"), (65534, 65533), "not what it points to");
-    h.fs.mknod(ROOT, os("n"), libc::S_IFREG | 0o644, UMASK, user)
+    h.fs.mknod(ROOT, os("n"), libc::S_IFREG | 0o644, 0, UMASK, user)
         .await
         .unwrap();
     assert_eq!(owner("n"), (65534, 65533), "mknod");
@@ -5116,12 +5116,13 @@ async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
 }
 
 /// mknod(S_IFREG) makes a regular file (an exclusive create, as sshfs does), under the same
-/// read-only and quota rules as create; device nodes stay EPERM (SFTP cannot make them).
+/// read-only and quota rules as create; device nodes are kept by the mount with their
+/// numbers (SFTP cannot make them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn posix_mknod_of_a_regular_file_creates_it() {
     let h = Harness::new();
     let e =
-        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK, Caller::ROOT)
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, 0, UMASK, Caller::ROOT)
             .await
             .expect("mknod S_IFREG");
     assert_eq!(
@@ -5143,30 +5144,73 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
     );
     assert_eq!(h.open_handles().await, 0);
     assert_errno(
-        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, UMASK, Caller::ROOT)
+        h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, 0, UMASK, Caller::ROOT)
             .await,
         libc::EEXIST,
         "mknod over an existing file",
     );
-    for (what, kind) in [("chr", libc::S_IFCHR), ("blk", libc::S_IFBLK)] {
+    // Device nodes are kept by the mount, with their numbers, as FIFOs are.
+    let dev = |major: u32, minor: u32| libc::makedev(major, minor) as u32;
+    for (what, mode, kind, rdev) in [
+        ("chr", libc::S_IFCHR, FileKind::CharDevice, dev(1, 2)),
+        ("blk", libc::S_IFBLK, FileKind::BlockDevice, dev(8, 17)),
+    ] {
+        let e =
+            h.fs.mknod(ROOT, os(what), mode | 0o644, rdev, UMASK, Caller::ROOT)
+                .await
+                .expect(what);
+        assert_eq!((e.attr.kind, e.attr.perm, e.attr.rdev), (kind, 0o644, rdev));
+        let ino = h.lookup(ROOT, what).await;
+        assert_eq!(ino, e.attr.ino, "{what}");
+        let (a, _) = h.fs.getattr(ino, None).await.unwrap();
+        assert_eq!((a.kind, a.rdev), (kind, rdev), "{what}");
+        assert!(!h.disk(what).exists(), "{what} is not on the server");
         assert_errno(
-            h.fs.mknod(ROOT, os(what), kind | 0o644, UMASK, Caller::ROOT)
+            h.fs.mknod(ROOT, os(what), mode | 0o644, rdev, UMASK, Caller::ROOT)
                 .await,
-            libc::EPERM,
+            libc::EEXIST,
             what,
         );
-        assert!(!h.disk(what).exists());
     }
+    let kinds: Vec<_> = listed_kinds(&h, ROOT)
+        .await
+        .into_iter()
+        .map(|(name, kind, _)| (name, kind))
+        .filter(|(name, _)| name != "r")
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("blk".to_string(), FileKind::BlockDevice),
+            ("chr".to_string(), FileKind::CharDevice)
+        ]
+    );
+    h.fs.unlink(ROOT, os("chr")).await.unwrap();
+    h.fs.unlink(ROOT, os("blk")).await.unwrap();
 
     // The entry quota applies as for create.
     let quota = &h.fs.enforcer().quota;
     quota.set_limits(None, Some(quota.usage().files as u64 + 1));
-    h.fs.mknod(ROOT, os("last"), libc::S_IFREG | 0o644, UMASK, Caller::ROOT)
-        .await
-        .expect("mknod within the quota");
+    h.fs.mknod(
+        ROOT,
+        os("last"),
+        libc::S_IFREG | 0o644,
+        0,
+        UMASK,
+        Caller::ROOT,
+    )
+    .await
+    .expect("mknod within the quota");
     assert_errno(
-        h.fs.mknod(ROOT, os("over"), libc::S_IFREG | 0o644, UMASK, Caller::ROOT)
-            .await,
+        h.fs.mknod(
+            ROOT,
+            os("over"),
+            libc::S_IFREG | 0o644,
+            0,
+            UMASK,
+            Caller::ROOT,
+        )
+        .await,
         libc::ENOSPC,
         "mknod over the file quota",
     );
@@ -5174,9 +5218,9 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
     quota.set_limits(None, None);
 
     h.fs.set_read_only();
-    for kind in [libc::S_IFREG, libc::S_IFIFO, libc::S_IFSOCK] {
+    for kind in [libc::S_IFREG, libc::S_IFIFO, libc::S_IFSOCK, libc::S_IFCHR] {
         assert_errno(
-            h.fs.mknod(ROOT, os("ro"), kind | 0o644, UMASK, Caller::ROOT)
+            h.fs.mknod(ROOT, os("ro"), kind | 0o644, 0, UMASK, Caller::ROOT)
                 .await,
             libc::EROFS,
             "mknod on a read-only mount",
@@ -5227,7 +5271,7 @@ async fn fifos_and_sockets_live_in_the_mount_only() {
         gid: 65533,
     };
     let fifo =
-        h.fs.mknod(d, os("p"), libc::S_IFIFO | 0o666, UMASK, user)
+        h.fs.mknod(d, os("p"), libc::S_IFIFO | 0o666, 0, UMASK, user)
             .await
             .expect("mkfifo");
     assert_eq!(
@@ -5243,7 +5287,7 @@ async fn fifos_and_sockets_live_in_the_mount_only() {
     let set_mtime = |t| set_disk_mtime(&h, "d", t);
     set_mtime(old);
     let sock =
-        h.fs.mknod(d, os("s"), libc::S_IFSOCK | 0o755, UMASK, Caller::ROOT)
+        h.fs.mknod(d, os("s"), libc::S_IFSOCK | 0o755, 0, UMASK, Caller::ROOT)
             .await
             .expect("bind");
     assert!(h.meta("d").modified().unwrap() > old, "mtime after mknod");
@@ -5287,7 +5331,7 @@ async fn fifos_and_sockets_live_in_the_mount_only() {
     // Names taken: by a special file, or by a file of the server.
     for (name, what) in [("p", "over a FIFO"), ("f", "over a server file")] {
         assert_errno(
-            h.fs.mknod(d, os(name), libc::S_IFIFO | 0o644, UMASK, Caller::ROOT)
+            h.fs.mknod(d, os(name), libc::S_IFIFO | 0o644, 0, UMASK, Caller::ROOT)
                 .await,
             libc::EEXIST,
             what,
@@ -5358,7 +5402,7 @@ async fn special_files_rename_and_link_as_on_a_local_disk() {
     let h = Harness::new();
     let d = h.mkdir(ROOT, "d").await;
     let fifo =
-        h.fs.mknod(d, os("p"), libc::S_IFIFO | 0o644, UMASK, Caller::ROOT)
+        h.fs.mknod(d, os("p"), libc::S_IFIFO | 0o644, 0, UMASK, Caller::ROOT)
             .await
             .unwrap();
     std::fs::write(h.disk("target"), b"old").unwrap();
