@@ -2976,7 +2976,7 @@ impl<R: Remote> Fs<R> {
     /// mknod(2). A regular file is created as `create` with `O_EXCL` would (sshfs does the
     /// same), with the same read-only and quota checks, and closed again. FIFOs, sockets
     /// and device nodes (number `rdev`), which SFTP cannot create, are kept by the mount
-    /// itself (see `specials`).
+    /// itself (see `specials`), but for an overlay's whiteout (`EPERM`).
     pub async fn mknod(
         self: &Arc<Self>,
         parent: Ino,
@@ -2990,6 +2990,15 @@ impl<R: Remote> Fs<R> {
         self.removes_behind.all_settled().await;
         let perm = (mode & !umask & 0o7777) as u16;
         if let Some(node) = Node::of_mode(mode, rdev) {
+            if node.is_whiteout() {
+                // Kept only here, a whiteout would be lost at the unmount and the name it
+                // hides would come back (fuse-overlayfs, rootless podman); refused, the
+                // overlay falls back to whiteout files, which the server keeps.
+                return Err(FsError::new(
+                    libc::EPERM,
+                    "mknod of a whiteout (character device 0/0): SFTP cannot make one",
+                ));
+            }
             return self.make_special(parent, name, node, perm, caller).await;
         }
         // (The kernel turns a type of 0 into S_IFREG before it asks, and refuses the others.)

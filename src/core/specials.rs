@@ -16,7 +16,9 @@
 //! that `stat`, `ls`, `rename` and `rm` of them work as on a local disk. The mount is always
 //! `nodev`, so none can be opened as a device: keeping one gives nobody access to anything.
 //! Unlike a FIFO, a device node means something the delegator might have wanted, and it
-//! does not get it: each one made is logged.
+//! does not get it: the first one made is logged as a warning. An overlay's whiteout (a
+//! character device 0/0, which any user may make) stays `EPERM`: kept only here, the name it
+//! hides would come back after the unmount; refused, fuse-overlayfs makes whiteout files.
 //!
 //! They are kept by server path (absolute, as [`super::Fs`] builds them), not by parent
 //! inode: the kernel may forget a directory's inode while a FIFO in it lives on, and the
@@ -56,11 +58,21 @@ impl Node {
             libc::S_IFBLK => FileKind::BlockDevice,
             _ => return None,
         };
-        let device = matches!(kind, FileKind::CharDevice | FileKind::BlockDevice);
-        Some(Node {
-            kind,
-            rdev: if device { rdev } else { 0 },
-        })
+        let mut node = Node { kind, rdev };
+        if !node.is_device() {
+            node.rdev = 0;
+        }
+        Some(node)
+    }
+
+    pub fn is_device(&self) -> bool {
+        matches!(self.kind, FileKind::CharDevice | FileKind::BlockDevice)
+    }
+
+    /// A character device 0/0 is an overlay filesystem's whiteout (a deleted name in an
+    /// upper layer), which any user may make (Linux 5.8 and later).
+    pub fn is_whiteout(&self) -> bool {
+        self.kind == FileKind::CharDevice && self.rdev == 0
     }
 }
 
@@ -86,6 +98,8 @@ struct Special {
 pub struct Specials {
     nodes: HashMap<Ino, Special>,
     by_path: HashMap<PathBuf, Ino>,
+    /// How many device nodes were made in this mount (the first is logged as a warning).
+    devices_made: u64,
 }
 
 impl Specials {
@@ -128,6 +142,9 @@ impl Specials {
     /// A new special file `ino` named `path`, with one lookup (the kernel's, from mknod).
     pub fn make(&mut self, ino: Ino, path: PathBuf, node: Node, perm: u16, owner: (u32, u32)) {
         let now = SystemTime::now();
+        if node.is_device() {
+            self.devices_made += 1;
+        }
         self.by_path.insert(path.clone(), ino);
         self.nodes.insert(
             ino,
@@ -367,17 +384,20 @@ impl<R: Remote> Fs<R> {
                 ));
             }
             specials.make(ino, path.clone(), node, perm, (caller.uid, gid));
+            if node.is_device() {
+                // Unlike a FIFO's, a device node's meaning (its number) is something the
+                // delegator might have wanted (a root filesystem unpacked into the
+                // workspace): say so, loudly once, quietly after.
+                let first = specials.devices_made == 1;
+                let what = "device node kept by this mount only (the server cannot make one); \
+                            it cannot be opened here (nodev) and is gone after the unmount";
+                match first {
+                    true => tracing::warn!("{}: {what}", path.display()),
+                    false => tracing::debug!("{}: {what}", path.display()),
+                }
+            }
             specials.attr(ino)
         };
-        if matches!(node.kind, FileKind::CharDevice | FileKind::BlockDevice) {
-            // Unlike a FIFO's, a device node's meaning (its number) is something the
-            // delegator might have wanted: say once per node that it stays here.
-            tracing::info!(
-                "{}: device node kept by this mount only (the server cannot make one); it \
-                 cannot be opened here (nodev) and is gone after the unmount",
-                path.display()
-            );
-        }
         self.names_changed_in(parent, Some(dir_attrs)).await;
         let attr = attr.expect("just made");
         Ok(self.entry(attr))
@@ -634,7 +654,7 @@ impl<R: Remote> Fs<R> {
         if req.size.is_some() {
             return Some(Err(FsError::new(
                 libc::EINVAL,
-                "truncate of a FIFO or socket",
+                "truncate of a FIFO, socket or device node",
             )));
         }
         specials.set(ino, req).map(Ok)
@@ -691,7 +711,7 @@ fn not_empty(path: &Path) -> FsError {
     FsError::new(
         libc::ENOTEMPTY,
         format!(
-            "{}: not empty (FIFOs or sockets made through the mount are in it)",
+            "{}: not empty (FIFOs, sockets or device nodes made through the mount are in it)",
             path.display()
         ),
     )

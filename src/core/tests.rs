@@ -5119,7 +5119,7 @@ async fn posix_new_files_belong_to_their_maker_on_a_shared_mount() {
 /// read-only and quota rules as create; device nodes are kept by the mount with their
 /// numbers (SFTP cannot make them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn posix_mknod_of_a_regular_file_creates_it() {
+async fn posix_mknod_makes_files_on_the_server_and_keeps_device_nodes() {
     let h = Harness::new();
     let e =
         h.fs.mknod(ROOT, os("r"), libc::S_IFREG | 0o640, 0, UMASK, Caller::ROOT)
@@ -5185,8 +5185,41 @@ async fn posix_mknod_of_a_regular_file_creates_it() {
             ("chr".to_string(), FileKind::CharDevice)
         ]
     );
-    h.fs.unlink(ROOT, os("chr")).await.unwrap();
-    h.fs.unlink(ROOT, os("blk")).await.unwrap();
+    // The number stays through readdirplus, rename and link.
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    h.fs.releasedir(dh);
+    let item = items.iter().find(|i| i.name == "chr").unwrap();
+    let plus = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
+    assert_eq!(plus.attr.rdev, dev(1, 2), "readdirplus");
+    h.fs.rename(ROOT, os("chr"), ROOT, os("moved"), 0)
+        .await
+        .unwrap();
+    let moved = h.lookup(ROOT, "moved").await;
+    let (a, _) = h.fs.getattr(moved, None).await.unwrap();
+    assert_eq!(
+        (a.kind, a.rdev),
+        (FileKind::CharDevice, dev(1, 2)),
+        "renamed"
+    );
+    let linked = h.fs.link(moved, ROOT, os("linked")).await.unwrap();
+    assert_eq!(
+        (linked.attr.rdev, linked.attr.nlink),
+        (dev(1, 2), 2),
+        "linked"
+    );
+    for name in ["moved", "linked", "blk"] {
+        h.fs.unlink(ROOT, os(name)).await.unwrap();
+    }
+    // An overlay's whiteout (0/0), which any user may make, would be lost at the unmount
+    // (and the name it hides come back): refused, as before, so the overlay falls back to
+    // whiteout files.
+    assert_errno(
+        h.fs.mknod(ROOT, os("wh"), libc::S_IFCHR, 0, UMASK, Caller::ROOT)
+            .await,
+        libc::EPERM,
+        "whiteout",
+    );
 
     // The entry quota applies as for create.
     let quota = &h.fs.enforcer().quota;
