@@ -1170,8 +1170,9 @@ fn metadata_chmod_chown_truncate_times() {
         );
     }
 
-    // utimens. SFTP v3 carries whole seconds: nanoseconds are dropped (documented); the
-    // seconds must arrive exactly.
+    // utimens. SFTP v3 carries whole seconds: the server gets those exactly, and the mount
+    // shows the times as set, nanoseconds included, while the server keeps those seconds
+    // (on this mount without kernel caches, that is the mount answering, not the kernel).
     fs::write(m.p("t"), b"times").unwrap();
     set_times(
         &m.p("t"),
@@ -1181,20 +1182,34 @@ fn metadata_chmod_chown_truncate_times() {
     .unwrap();
     let s = settled_on_server(&m, "t");
     assert_eq!(
-        (s.atime(), s.mtime()),
-        (1_600_000_000, 1_500_000_000),
+        (s.atime(), s.mtime(), s.mtime_nsec()),
+        (1_600_000_000, 1_500_000_000, 0),
         "server times"
     );
-    let s = fs::metadata(m.p("t")).unwrap();
+    let times = |s: &fs::Metadata| (s.atime(), s.atime_nsec(), s.mtime(), s.mtime_nsec());
     assert_eq!(
-        (s.atime(), s.mtime()),
-        (1_600_000_000, 1_500_000_000),
+        times(&fs::metadata(m.p("t")).unwrap()),
+        (1_600_000_000, 123_456_789, 1_500_000_000, 987_654_321),
         "mount times"
     );
+    // Past 2^32 s (2106), which SFTP v3 cannot carry, and before 1970: the same.
+    set_times(&m.p("t"), Some((-1, 500)), Some((1 << 32, 7))).unwrap();
     assert_eq!(
-        s.mtime_nsec(),
-        0,
-        "nanoseconds are dropped (SFTP v3 has seconds only)"
+        times(&fs::metadata(m.p("t")).unwrap()),
+        (-1, 500, 1 << 32, 7),
+        "times out of SFTP's range"
+    );
+    // Once the server has other seconds (set there), the server's times are shown.
+    set_times(
+        &m.e("t"),
+        Some((1_600_000_000, 0)),
+        Some((1_500_000_000, 0)),
+    )
+    .unwrap();
+    assert_eq!(
+        times(&fs::metadata(m.p("t")).unwrap()),
+        (1_600_000_000, 0, 1_500_000_000, 0),
+        "times changed on the server"
     );
     // atime only must not clobber the mtime...
     set_times(&m.p("t"), Some((1_700_000_000, 0)), None).unwrap();
@@ -1236,8 +1251,15 @@ fn metadata_chmod_chown_truncate_times() {
         Some((1_000_000_000, 0)),
     )
     .unwrap();
+    set_times(&m.p("t"), None, Some((now, 999))).unwrap();
     fs::write(m.p("t"), b"rewritten").unwrap();
     assert!(settled_on_server(&m, "t").mtime() >= now - 5);
+    // A write moves the mtime to the server's, also within the second it was set to.
+    assert_eq!(
+        fs::metadata(m.p("t")).unwrap().mtime_nsec(),
+        0,
+        "mtime after a write"
+    );
 }
 
 // ------------------------------------------------------------------ errno

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::io;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -152,10 +152,25 @@ fn reply_empty(reply: ReplyEmpty, r: Result<(), FsError>) {
     }
 }
 
+/// A time before 1970 as the kernel sent it. fuser 0.18 turns the kernel's (seconds,
+/// nanoseconds) into a time by subtracting both when the seconds are negative (its
+/// `system_time_from_time`, marked TODO there): -1 s + 500 ns arrives as -1.0000005 s
+/// instead of -0.9999995 s. Undone here: the nanoseconds it subtracted are added twice.
+/// (Its conversion of the times answered to the kernel is right.)
+fn before_epoch_fixed(t: SystemTime) -> SystemTime {
+    match UNIX_EPOCH.duration_since(t) {
+        Ok(d) if d.subsec_nanos() != 0 => {
+            UNIX_EPOCH - Duration::from_secs(d.as_secs())
+                + Duration::from_nanos(d.subsec_nanos().into())
+        }
+        _ => t,
+    }
+}
+
 fn time_spec(t: TimeOrNow) -> TimeSpec {
     match t {
         TimeOrNow::Now => TimeSpec::Now,
-        TimeOrNow::SpecificTime(t) => TimeSpec::At(t),
+        TimeOrNow::SpecificTime(t) => TimeSpec::At(before_epoch_fixed(t)),
     }
 }
 
@@ -796,5 +811,24 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
                 Err(e) => reply.error(errno(&e)),
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_before_1970_come_out_as_the_kernel_sent_them() {
+        // What fuser 0.18 makes of the kernel's (-1 s, 500 ns) and (-3 s, 0 ns).
+        let garbled = UNIX_EPOCH - Duration::new(1, 500);
+        assert_eq!(
+            before_epoch_fixed(garbled),
+            UNIX_EPOCH - Duration::new(0, 999_999_500)
+        );
+        let whole = UNIX_EPOCH - Duration::from_secs(3);
+        assert_eq!(before_epoch_fixed(whole), whole);
+        let after = UNIX_EPOCH + Duration::new(5, 7);
+        assert_eq!(before_epoch_fixed(after), after);
     }
 }

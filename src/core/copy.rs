@@ -282,7 +282,7 @@ impl<R: Remote> Fs<R> {
     /// attributes it had when it created the file (`cp -p` sets times right after the copy).
     fn copied_into(&self, ino: Ino) {
         self.forget_created(ino);
-        self.status_changed(ino);
+        self.data_changed(ino);
         self.attrs_changed(ino, None);
     }
 }

@@ -45,6 +45,33 @@ struct Node {
     /// Since when the kernel's page cache of the inode can hold only data read from the
     /// server (see [`PageCacheMark`]). Lives and dies with the inode, as the pages do.
     page_cache: Option<PageCacheMark>,
+    /// The access and modification times last set through the mount (see [`SetTime`]).
+    /// Live and die with the inode, as `changed` does.
+    set_times: SetTimes,
+}
+
+/// A time set through the mount (utimensat, touch, `cp -p`, tar), as asked and as the
+/// server was given it: SFTP v3 carries whole seconds from 1970 to 2106 only. The time asked
+/// is shown for as long as the server still has the seconds it was given (nobody changed
+/// the time since), so that a file's times read back as they were set, nanoseconds
+/// included, as on a local disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetTime {
+    pub asked: SystemTime,
+    pub sent: u32,
+}
+
+impl SetTime {
+    /// What to show for a time the server gives as `server`.
+    pub fn shown(this: Option<SetTime>, server: Option<u32>) -> Option<SystemTime> {
+        this.filter(|t| server == Some(t.sent)).map(|t| t.asked)
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SetTimes {
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
 }
 
 /// When the kernel last dropped an inode's page cache (an open answered without
@@ -113,6 +140,7 @@ impl InodeTable {
                 nlink: None,
                 changed: None,
                 page_cache: None,
+                set_times: SetTimes::default(),
             },
         );
         InodeTable {
@@ -161,6 +189,30 @@ impl InodeTable {
         if let Some(node) = self.nodes.get_mut(&ino) {
             node.changed = Some(node.changed.map_or(when, |t| t.max(when)));
         }
+    }
+
+    /// The mount changed the data of `ino` at `when`: its status, and its modification time
+    /// (on the server: to the server's now), so a time set before no longer holds.
+    pub fn data_changed(&mut self, ino: Ino, when: SystemTime) {
+        self.status_changed(ino, when);
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            node.set_times.mtime = None;
+        }
+    }
+
+    /// The mount set the access and/or modification time of `ino` (see [`SetTime`]).
+    pub fn times_set(&mut self, ino: Ino, atime: Option<SetTime>, mtime: Option<SetTime>) {
+        if let Some(node) = self.nodes.get_mut(&ino) {
+            let t = &mut node.set_times;
+            t.atime = atime.or(t.atime);
+            t.mtime = mtime.or(t.mtime);
+        }
+    }
+
+    pub fn set_times(&self, ino: Ino) -> SetTimes {
+        self.nodes
+            .get(&ino)
+            .map_or_else(SetTimes::default, |n| n.set_times)
     }
 
     /// When the mount last changed the status of `ino`, if it did while the kernel held it.
@@ -344,6 +396,7 @@ impl InodeTable {
                 nlink: None,
                 changed: None,
                 page_cache: None,
+                set_times: SetTimes::default(),
             },
         );
         self.by_name.insert(key, ino);

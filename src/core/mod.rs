@@ -31,7 +31,7 @@ use bytes::Bytes;
 use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
 use self::file::{OpenFile, Told, WriteStream};
-use self::inode::{Ino, InodeTable, Location, PageCacheMark, ROOT_INO};
+use self::inode::{Ino, InodeTable, Location, PageCacheMark, SetTime, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
 use self::remove_behind::RemovesBehind;
 use self::specials::{Node, Specials};
@@ -348,6 +348,21 @@ fn to_system_time(secs: Option<u32>) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs.unwrap_or(0) as u64)
 }
 
+/// The access and modification times a setattr set, if it did.
+type TimesSet = (Option<SetTime>, Option<SetTime>);
+
+/// A time asked for by setattr, and what SFTP v3 carries of it (see [`SetTime`]).
+fn set_time(t: TimeSpec) -> SetTime {
+    let asked = match t {
+        TimeSpec::Now => SystemTime::now(),
+        TimeSpec::At(t) => t,
+    };
+    SetTime {
+        asked,
+        sent: to_seconds(TimeSpec::At(asked)),
+    }
+}
+
 fn to_seconds(t: TimeSpec) -> u32 {
     let t = match t {
         TimeSpec::Now => SystemTime::now(),
@@ -656,11 +671,16 @@ impl<R: Remote> Fs<R> {
     }
 
     fn make_attr(&self, ino: Ino, a: &Attrs, nlink: Option<u32>) -> Attr {
-        let (known_nlink, changed) = {
+        let (known_nlink, changed, set) = {
             let inodes = self.inodes.lock().unwrap();
-            (inodes.nlink(ino), inodes.last_status_change(ino))
+            (
+                inodes.nlink(ino),
+                inodes.last_status_change(ino),
+                inodes.set_times(ino),
+            )
         };
-        let mtime = to_system_time(a.mtime);
+        let mtime = SetTime::shown(set.mtime, a.mtime).unwrap_or_else(|| to_system_time(a.mtime));
+        let atime = SetTime::shown(set.atime, a.atime).unwrap_or_else(|| to_system_time(a.atime));
         let kind = a.file_type();
         let size = a.size.unwrap_or(0);
         let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
@@ -676,7 +696,7 @@ impl<R: Remote> Fs<R> {
             ino,
             size,
             blocks: size.div_ceil(512),
-            atime: to_system_time(a.atime),
+            atime,
             mtime,
             ctime: changed.map_or(mtime, |c| c.max(mtime)),
             kind,
@@ -1185,6 +1205,26 @@ impl<R: Remote> Fs<R> {
             .status_changed(ino, SystemTime::now());
     }
 
+    /// The mount changed the data of `ino` (written, truncated, copied into): see
+    /// [`InodeTable::data_changed`].
+    fn data_changed(&self, ino: Ino) {
+        self.inodes
+            .lock()
+            .unwrap()
+            .data_changed(ino, SystemTime::now());
+    }
+
+    /// A setattr of `ino` was made (or queued): its status changed, its data too if
+    /// `resized`, and the times it set are remembered as asked (see [`SetTime`]).
+    fn attributes_set(&self, ino: Ino, resized: bool, (atime, mtime): TimesSet) {
+        let mut inodes = self.inodes.lock().unwrap();
+        match resized {
+            true => inodes.data_changed(ino, SystemTime::now()),
+            false => inodes.status_changed(ino, SystemTime::now()),
+        }
+        inodes.times_set(ino, atime, mtime);
+    }
+
     /// Register an inode for `name` in `parent` with attributes learnt when the change clock
     /// read `since`. Attributes the mount changed since then are not trusted: the cached ones
     /// (from our own change) are shown, or the size still being written.
@@ -1601,10 +1641,11 @@ impl<R: Remote> Fs<R> {
             let gid = req.gid.unwrap_or(cur_attr.gid);
             set.uid_gid = Some(self.unmap_ids(uid, gid));
         }
+        let (set_atime, set_mtime) = (req.atime.map(set_time), req.mtime.map(set_time));
         if req.atime.is_some() || req.mtime.is_some() {
             let cur = current.unwrap_or_default();
-            let atime = req.atime.map(to_seconds).unwrap_or(cur.atime.unwrap_or(0));
-            let mtime = req.mtime.map(to_seconds).unwrap_or(cur.mtime.unwrap_or(0));
+            let atime = set_atime.map_or(cur.atime.unwrap_or(0), |t| t.sent);
+            let mtime = set_mtime.map_or(cur.mtime.unwrap_or(0), |t| t.sent);
             set.atime_mtime = Some((atime, mtime));
         }
         let op = if set.uid_gid.is_some() {
@@ -1700,7 +1741,7 @@ impl<R: Remote> Fs<R> {
                     None => self.explain(op, e, &target, None).await,
                 });
             }
-            self.status_changed(ino);
+            self.attributes_set(ino, req.size.is_some(), (set_atime, set_mtime));
         }
         // What came along shows this change and nothing after it, unless the inode changed
         // through the mount meanwhile (checked as they are kept). By path, only what
@@ -1801,9 +1842,10 @@ impl<R: Remote> Fs<R> {
             set.perm = Some(m & 0o7777);
             attrs.mode = Some((attrs.mode.unwrap_or(libc::S_IFREG) & libc::S_IFMT) | (m & 0o7777));
         }
+        let (set_atime, set_mtime) = (req.atime.map(set_time), req.mtime.map(set_time));
         if req.atime.is_some() || req.mtime.is_some() {
-            let atime = req.atime.map(to_seconds).or(attrs.atime)?;
-            let mtime = req.mtime.map(to_seconds).or(attrs.mtime)?;
+            let atime = set_atime.map(|t| t.sent).or(attrs.atime)?;
+            let mtime = set_mtime.map(|t| t.sent).or(attrs.mtime)?;
             set.atime_mtime = Some((atime, mtime));
             attrs.atime = Some(atime);
             attrs.mtime = Some(mtime);
@@ -1816,7 +1858,7 @@ impl<R: Remote> Fs<R> {
             file.update_created(None);
             return None;
         }
-        self.status_changed(ino);
+        self.attributes_set(ino, false, (set_atime, set_mtime));
         let end = file.written_end.load(Ordering::Relaxed);
         let shown = Attrs {
             size: Some(attrs.size.unwrap_or(0).max(end)),
@@ -2811,7 +2853,7 @@ impl<R: Remote> Fs<R> {
             }
         };
         self.truncated(ino, 0);
-        self.status_changed(ino);
+        self.data_changed(ino);
         // As the server showed it right after the truncate, unless something changed it
         // through the mount since.
         let untouched = self.writers_of(ino).is_empty()
@@ -3578,7 +3620,7 @@ impl<R: Remote> Fs<R> {
             let Some(answer) = file.submit_write(self, offset, data) else {
                 return Err(FsError::new(libc::EBADF, "file is being closed"));
             };
-            self.status_changed(file.ino);
+            self.data_changed(file.ino);
             self.attrs_changed(file.ino, None);
             Ok((file, answer, n as u32))
         })();

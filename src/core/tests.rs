@@ -6979,3 +6979,129 @@ async fn a_reopen_is_not_disturbed_by_name_changes_elsewhere() {
 
 mod copy;
 mod walk;
+
+/// Times set through the mount read back as they were set, nanoseconds and times outside
+/// SFTP v3's range (before 1970, past 2106) included, while the server keeps the whole
+/// seconds it was given: by path, through the sole descriptor that created the file
+/// (queued behind its writes), and with no attribute cache (asked of the server each time).
+/// A write, a truncate or a change of the time on the server gives the server's times back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_set_read_back_as_set_while_the_server_keeps_them() {
+    let h = Harness::with(
+        config(CacheConfig {
+            attr_ttl: Duration::ZERO,
+            ..long_ttls()
+        }),
+        None,
+    );
+    let times = |atime: SystemTime, mtime: SystemTime| SetattrRequest {
+        atime: Some(TimeSpec::At(atime)),
+        mtime: Some(TimeSpec::At(mtime)),
+        ..Default::default()
+    };
+    let fs = Arc::clone(&h.fs);
+    let shown = |ino: Ino| {
+        let fs = Arc::clone(&fs);
+        async move {
+            let (a, _) = fs.getattr(ino, None).await.unwrap();
+            (a.atime, a.mtime)
+        }
+    };
+    let precise = UNIX_EPOCH + Duration::new(1_500_000_000, 123_456_789);
+    let before_1970 = UNIX_EPOCH - Duration::new(0, 999_999_500);
+    let past_2106 = UNIX_EPOCH + Duration::new(1 << 32, 7);
+
+    // By path.
+    std::fs::write(h.disk("f"), b"data").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let a =
+        h.fs.setattr(f, None, times(precise, past_2106))
+            .await
+            .unwrap();
+    assert_eq!((a.atime, a.mtime), (precise, past_2106), "answer");
+    assert_eq!(shown(f).await, (precise, past_2106), "asked again");
+    let m = h.meta("f");
+    assert_eq!((m.atime(), m.atime_nsec()), (1_500_000_000, 0), "server");
+    assert_eq!(
+        m.mtime(),
+        u32::MAX as i64,
+        "server: the most SFTP v3 carries"
+    );
+    // One of the two only: the other stays as set.
+    h.fs.setattr(
+        f,
+        None,
+        SetattrRequest {
+            mtime: Some(TimeSpec::At(before_1970)),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(shown(f).await, (precise, before_1970), "mtime only");
+
+    // Changed on the server: the server's times.
+    let later = UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    let file = std::fs::File::options()
+        .write(true)
+        .open(h.disk("f"))
+        .unwrap();
+    file.set_times(
+        std::fs::FileTimes::new()
+            .set_accessed(later)
+            .set_modified(later),
+    )
+    .unwrap();
+    assert_eq!(shown(f).await, (later, later), "set on the server");
+
+    // A write through the mount moves the mtime to the server's, even if that is within
+    // the second set; the atime stays as set.
+    let now = SystemTime::now();
+    let now_secs = UNIX_EPOCH + Duration::from_secs(secs(now));
+    h.fs.setattr(f, None, times(precise, now)).await.unwrap();
+    let fh = h.open(f, libc::O_WRONLY).await;
+    h.write(fh, 0, b"DATA").await;
+    h.fs.flush(fh).await.unwrap();
+    let (atime, mtime) = shown(f).await;
+    assert_eq!(atime, precise, "atime after a write");
+    assert_eq!(
+        mtime.duration_since(UNIX_EPOCH).unwrap().subsec_nanos(),
+        0,
+        "mtime after a write: the server's ({mtime:?}, set {now:?})"
+    );
+    assert!(mtime >= now_secs, "{mtime:?}");
+    // So does a truncate.
+    h.fs.setattr(f, Some(fh), times(precise, precise))
+        .await
+        .unwrap();
+    h.fs.setattr(
+        f,
+        Some(fh),
+        SetattrRequest {
+            size: Some(1),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let (_, mtime) = shown(f).await;
+    assert_ne!(mtime, precise, "mtime after a truncate");
+    h.fs.release(fh).await.unwrap();
+
+    // Through the descriptor that created the file (futimens after the writes, as cp -p
+    // does): queued behind them, and read back as set.
+    let (g, gh) = h.create(ROOT, "g").await;
+    h.write(gh, 0, b"copied").await;
+    let a =
+        h.fs.setattr(g, None, times(before_1970, precise))
+            .await
+            .unwrap();
+    assert_eq!((a.atime, a.mtime), (before_1970, precise), "queued: answer");
+    h.fs.release(gh).await.unwrap();
+    assert_eq!(
+        shown(g).await,
+        (before_1970, precise),
+        "queued: asked again"
+    );
+    assert_eq!(h.meta("g").mtime(), 1_500_000_000);
+}
