@@ -1255,10 +1255,12 @@ fn drop_lanes<R: Remote>(remote: &Arc<R>, file: &OpenFile<R>) {
 }
 
 /// An attribute change behind the writes failed: the attributes it was answered with (cached,
-/// and kept on the descriptor for the next change behind) are not the file's.
+/// kept on the descriptor for the next change behind, and the times kept as set) are not the
+/// file's.
 fn setattrs_failed<R: Remote>(fs: &Weak<Fs<R>>, file: &OpenFile<R>) {
     file.update_created(None);
     if let Some(fs) = fs.upgrade() {
+        fs.inodes.lock().unwrap().forget_set_times(file.ino);
         fs.attrs_changed(file.ino, None);
     }
 }

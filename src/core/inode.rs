@@ -48,17 +48,25 @@ struct Node {
     /// The access and modification times last set through the mount (see [`SetTime`]).
     /// Live and die with the inode, as `changed` does.
     set_times: SetTimes,
+    /// How many times the mount changed the inode's data (see [`InodeTable::times_set`]).
+    data_changes: u64,
 }
 
 /// A time set through the mount (utimensat, touch, `cp -p`, tar), as asked and as the
-/// server was given it: SFTP v3 carries whole seconds from 1970 to 2106 only. The time asked
-/// is shown for as long as the server still has the seconds it was given (nobody changed
+/// server was given it: SFTP v3 carries whole seconds from 1970 to 2106 only. A time asked
+/// for is shown for as long as the server still has the seconds it was given (nobody changed
 /// the time since), so that a file's times read back as they were set, nanoseconds
 /// included, as on a local disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SetTime {
+    /// The time asked for (for "now", this machine's now).
     pub asked: SystemTime,
+    /// Its whole seconds, as the server was given them.
     pub sent: u32,
+    /// Whether `asked` is shown: not for "now" (`touch`), which stays in whole seconds as
+    /// the times the server gives a write do, so that a file touched and a file written
+    /// right after, within one second, do not show in the wrong order.
+    pub shown: bool,
 }
 
 impl SetTime {
@@ -141,6 +149,7 @@ impl InodeTable {
                 changed: None,
                 page_cache: None,
                 set_times: SetTimes::default(),
+                data_changes: 0,
             },
         );
         InodeTable {
@@ -197,15 +206,40 @@ impl InodeTable {
         self.status_changed(ino, when);
         if let Some(node) = self.nodes.get_mut(&ino) {
             node.set_times.mtime = None;
+            node.data_changes += 1;
         }
     }
 
-    /// The mount set the access and/or modification time of `ino` (see [`SetTime`]).
-    pub fn times_set(&mut self, ino: Ino, atime: Option<SetTime>, mtime: Option<SetTime>) {
+    /// How many times the mount changed the data of `ino` (see [`InodeTable::times_set`]).
+    pub fn data_changes(&self, ino: Ino) -> u64 {
+        self.nodes.get(&ino).map_or(0, |n| n.data_changes)
+    }
+
+    /// The mount set the access and/or modification time of `ino` (see [`SetTime`]). The
+    /// modification time is kept only if no data change came since `data_changes` was read
+    /// (before the change was sent, and before the writes ahead of it were waited for): such
+    /// a write may land after the change, and the server's now be the file's mtime then. Not
+    /// for a directory, whose mtime the server moves with every name made or removed in it.
+    pub fn times_set(&mut self, ino: Ino, data_changes: u64, set: SetTimes) {
+        let Some(node) = self.nodes.get_mut(&ino) else {
+            return;
+        };
+        let dir = node.kind == FileKind::Dir;
+        let keep = |s: SetTime| (s.shown && !dir).then_some(s);
+        if let Some(a) = set.atime {
+            node.set_times.atime = keep(a);
+        }
+        if let Some(m) = set.mtime {
+            let unwritten = node.data_changes == data_changes;
+            node.set_times.mtime = keep(m).filter(|_| unwritten);
+        }
+    }
+
+    /// Times set through the mount are no longer known to be the server's (a change that
+    /// failed, a change through a name the mount cannot tell is the same file).
+    pub fn forget_set_times(&mut self, ino: Ino) {
         if let Some(node) = self.nodes.get_mut(&ino) {
-            let t = &mut node.set_times;
-            t.atime = atime.or(t.atime);
-            t.mtime = mtime.or(t.mtime);
+            node.set_times = SetTimes::default();
         }
     }
 
@@ -397,6 +431,7 @@ impl InodeTable {
                 changed: None,
                 page_cache: None,
                 set_times: SetTimes::default(),
+                data_changes: 0,
             },
         );
         self.by_name.insert(key, ino);

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
 use self::file::{OpenFile, Told, WriteStream};
-use self::inode::{Ino, InodeTable, Location, PageCacheMark, SetTime, ROOT_INO};
+use self::inode::{Ino, InodeTable, Location, PageCacheMark, SetTime, SetTimes, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
 use self::remove_behind::RemovesBehind;
 use self::specials::{Node, Specials};
@@ -348,18 +348,22 @@ fn to_system_time(secs: Option<u32>) -> SystemTime {
     UNIX_EPOCH + Duration::from_secs(secs.unwrap_or(0) as u64)
 }
 
-/// The access and modification times a setattr set, if it did.
-type TimesSet = (Option<SetTime>, Option<SetTime>);
-
-/// A time asked for by setattr, and what SFTP v3 carries of it (see [`SetTime`]).
-fn set_time(t: TimeSpec) -> SetTime {
-    let asked = match t {
-        TimeSpec::Now => SystemTime::now(),
-        TimeSpec::At(t) => t,
+/// The times a setattr asks for, and what SFTP v3 carries of them (see [`SetTime`]).
+fn times_asked(req: &SetattrRequest) -> SetTimes {
+    let set_time = |t: TimeSpec| {
+        let asked = match t {
+            TimeSpec::Now => SystemTime::now(),
+            TimeSpec::At(t) => t,
+        };
+        SetTime {
+            asked,
+            sent: to_seconds(TimeSpec::At(asked)),
+            shown: t != TimeSpec::Now,
+        }
     };
-    SetTime {
-        asked,
-        sent: to_seconds(TimeSpec::At(asked)),
+    SetTimes {
+        atime: req.atime.map(set_time),
+        mtime: req.mtime.map(set_time),
     }
 }
 
@@ -679,7 +683,8 @@ impl<R: Remote> Fs<R> {
                 inodes.set_times(ino),
             )
         };
-        let mtime = SetTime::shown(set.mtime, a.mtime).unwrap_or_else(|| to_system_time(a.mtime));
+        let server_mtime = to_system_time(a.mtime);
+        let mtime = SetTime::shown(set.mtime, a.mtime).unwrap_or(server_mtime);
         let atime = SetTime::shown(set.atime, a.atime).unwrap_or_else(|| to_system_time(a.atime));
         let kind = a.file_type();
         let size = a.size.unwrap_or(0);
@@ -698,7 +703,9 @@ impl<R: Remote> Fs<R> {
             blocks: size.div_ceil(512),
             atime,
             mtime,
-            ctime: changed.map_or(mtime, |c| c.max(mtime)),
+            // (From the server's mtime: one set through the mount may be in the future,
+            // and setting it changed the status now.)
+            ctime: changed.map_or(server_mtime, |c| c.max(server_mtime)),
             kind,
             perm: (a.mode.unwrap_or(0) & 0o7777) as u16,
             // SFTP v3 has no link count: the table's (a listing's, kept up to date by links
@@ -764,6 +771,9 @@ impl<R: Remote> Fs<R> {
             .into_iter()
             .map(|o| (o, inodes.names_of(o)))
             .collect();
+        for (other, _) in &others {
+            inodes.forget_set_times(*other);
+        }
         // Dropped and queued before the inode table is let go: a change right after (a
         // close's drop, which then waits for the kernel) finds these inodes taken, and must
         // find what they had already marked changed and their kernel drop queued. (Lookups
@@ -1214,15 +1224,20 @@ impl<R: Remote> Fs<R> {
             .data_changed(ino, SystemTime::now());
     }
 
-    /// A setattr of `ino` was made (or queued): its status changed, its data too if
-    /// `resized`, and the times it set are remembered as asked (see [`SetTime`]).
-    fn attributes_set(&self, ino: Ino, resized: bool, (atime, mtime): TimesSet) {
+    /// A setattr of `ino` was made: its status changed, its data too if `resized`, and the
+    /// times it set are remembered as asked (see [`InodeTable::times_set`]; `data_changes`
+    /// read before it was sent).
+    fn attributes_set(&self, ino: Ino, resized: bool, data_changes: u64, times: SetTimes) {
         let mut inodes = self.inodes.lock().unwrap();
         match resized {
             true => inodes.data_changed(ino, SystemTime::now()),
             false => inodes.status_changed(ino, SystemTime::now()),
         }
-        inodes.times_set(ino, atime, mtime);
+        inodes.times_set(ino, data_changes + u64::from(resized), times);
+    }
+
+    fn data_changes(&self, ino: Ino) -> u64 {
+        self.inodes.lock().unwrap().data_changes(ino)
     }
 
     /// Register an inode for `name` in `parent` with attributes learnt when the change clock
@@ -1609,6 +1624,7 @@ impl<R: Remote> Fs<R> {
         // Changed otherwise: what descriptors that created the file knew of it is stale.
         self.forget_created(ino);
         let kind = self.inodes.lock().unwrap().kind(ino);
+        let data_changes = self.data_changes(ino);
         // Writes in flight must land before a truncate (or they would extend the file again)
         // and before times are set (or they would bump the mtime afterwards).
         self.drain_inode(ino).await;
@@ -1641,11 +1657,11 @@ impl<R: Remote> Fs<R> {
             let gid = req.gid.unwrap_or(cur_attr.gid);
             set.uid_gid = Some(self.unmap_ids(uid, gid));
         }
-        let (set_atime, set_mtime) = (req.atime.map(set_time), req.mtime.map(set_time));
+        let times = times_asked(&req);
         if req.atime.is_some() || req.mtime.is_some() {
             let cur = current.unwrap_or_default();
-            let atime = set_atime.map_or(cur.atime.unwrap_or(0), |t| t.sent);
-            let mtime = set_mtime.map_or(cur.mtime.unwrap_or(0), |t| t.sent);
+            let atime = times.atime.map_or(cur.atime.unwrap_or(0), |t| t.sent);
+            let mtime = times.mtime.map_or(cur.mtime.unwrap_or(0), |t| t.sent);
             set.atime_mtime = Some((atime, mtime));
         }
         let op = if set.uid_gid.is_some() {
@@ -1741,7 +1757,7 @@ impl<R: Remote> Fs<R> {
                     None => self.explain(op, e, &target, None).await,
                 });
             }
-            self.attributes_set(ino, req.size.is_some(), (set_atime, set_mtime));
+            self.attributes_set(ino, req.size.is_some(), data_changes, times);
         }
         // What came along shows this change and nothing after it, unless the inode changed
         // through the mount meanwhile (checked as they are kept). By path, only what
@@ -1842,23 +1858,25 @@ impl<R: Remote> Fs<R> {
             set.perm = Some(m & 0o7777);
             attrs.mode = Some((attrs.mode.unwrap_or(libc::S_IFREG) & libc::S_IFMT) | (m & 0o7777));
         }
-        let (set_atime, set_mtime) = (req.atime.map(set_time), req.mtime.map(set_time));
+        let times = times_asked(req);
         if req.atime.is_some() || req.mtime.is_some() {
-            let atime = set_atime.map(|t| t.sent).or(attrs.atime)?;
-            let mtime = set_mtime.map(|t| t.sent).or(attrs.mtime)?;
+            let atime = times.atime.map(|t| t.sent).or(attrs.atime)?;
+            let mtime = times.mtime.map(|t| t.sent).or(attrs.mtime)?;
             set.atime_mtime = Some((atime, mtime));
             attrs.atime = Some(atime);
             attrs.mtime = Some(mtime);
         }
         // The answer shows the mtime: it must be known (no write since it was last set).
         attrs.mtime?;
-        // Kept before it is sent: its failure (whenever it is answered) forgets them.
+        // Kept before it is sent: its failure (whenever it is answered) forgets them. Writes
+        // sent after it through this descriptor land after it (and drop the kept mtime).
         file.update_created(Some(attrs));
+        self.attributes_set(ino, false, self.data_changes(ino), times);
         if !file.submit_setattrs(self, set) {
             file.update_created(None);
+            self.inodes.lock().unwrap().forget_set_times(ino);
             return None;
         }
-        self.attributes_set(ino, false, (set_atime, set_mtime));
         let end = file.written_end.load(Ordering::Relaxed);
         let shown = Attrs {
             size: Some(attrs.size.unwrap_or(0).max(end)),
@@ -2979,6 +2997,11 @@ impl<R: Remote> Fs<R> {
                 return Err(err);
             }
         };
+        let known = self.inodes.lock().unwrap().child(parent, name);
+        if let (Some(ino), false, true) = (known, new, flags.truncate) {
+            // An existing file opened with O_TRUNC: the server moved its mtime.
+            self.data_changed(ino);
+        }
         let entry = match self
             .finish_create(
                 parent,
@@ -2999,6 +3022,7 @@ impl<R: Remote> Fs<R> {
         if new && entry.attr.size == 0 {
             self.enforcer.quota.created(entry.attr.ino);
         }
+
         let fh = self.register_file(entry.attr.ino, flags, handle, req.pid);
         if new && flags.write {
             // Made just now by this descriptor (whether or not the application asked for

@@ -7056,6 +7056,7 @@ async fn times_set_read_back_as_set_while_the_server_keeps_them() {
 
     // A write through the mount moves the mtime to the server's, even if that is within
     // the second set; the atime stays as set.
+    let whole = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().subsec_nanos() == 0;
     let now = SystemTime::now();
     let now_secs = UNIX_EPOCH + Duration::from_secs(secs(now));
     h.fs.setattr(f, None, times(precise, now)).await.unwrap();
@@ -7064,29 +7065,57 @@ async fn times_set_read_back_as_set_while_the_server_keeps_them() {
     h.fs.flush(fh).await.unwrap();
     let (atime, mtime) = shown(f).await;
     assert_eq!(atime, precise, "atime after a write");
-    assert_eq!(
-        mtime.duration_since(UNIX_EPOCH).unwrap().subsec_nanos(),
-        0,
+    assert!(
+        whole(mtime),
         "mtime after a write: the server's ({mtime:?}, set {now:?})"
     );
     assert!(mtime >= now_secs, "{mtime:?}");
-    // So does a truncate.
-    h.fs.setattr(f, Some(fh), times(precise, precise))
+    // So do a truncate (by size; as ftruncate, with the mtime "now"), and an open with
+    // O_TRUNC.
+    let ftruncate = SetattrRequest {
+        size: Some(1),
+        mtime: Some(TimeSpec::Now),
+        ..Default::default()
+    };
+    let by_size = SetattrRequest {
+        size: Some(2),
+        ..Default::default()
+    };
+    for (what, req) in [("ftruncate", ftruncate), ("truncate", by_size)] {
+        h.fs.setattr(f, Some(fh), times(precise, SystemTime::now()))
+            .await
+            .unwrap();
+        h.fs.setattr(f, Some(fh), req).await.unwrap();
+        let (_, mtime) = shown(f).await;
+        assert!(whole(mtime), "mtime after {what}: {mtime:?}");
+    }
+    h.fs.release(fh).await.unwrap();
+    h.fs.setattr(f, None, times(precise, SystemTime::now()))
         .await
         .unwrap();
-    h.fs.setattr(
-        f,
-        Some(fh),
-        SetattrRequest {
-            size: Some(1),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (_, fh) = h
+        .create_with(ROOT, "f", libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC)
+        .await;
     let (_, mtime) = shown(f).await;
-    assert_ne!(mtime, precise, "mtime after a truncate");
+    assert!(whole(mtime), "mtime after O_TRUNC: {mtime:?}");
     h.fs.release(fh).await.unwrap();
+    // "Now" (touch) stays in whole seconds, as a write's time does: a file touched and one
+    // written right after show in that order, or equal.
+    let touch = SetattrRequest {
+        atime: Some(TimeSpec::Now),
+        mtime: Some(TimeSpec::Now),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(f, None, touch).await.unwrap();
+    assert!(whole(a.mtime) && whole(a.atime), "touch: {a:?}");
+    // A directory's mtime moves with every name made in it: its times are the server's.
+    let d = h.mkdir(ROOT, "d").await;
+    let a =
+        h.fs.setattr(d, None, times(precise, precise))
+            .await
+            .unwrap();
+    let precise_secs = UNIX_EPOCH + Duration::from_secs(secs(precise));
+    assert_eq!((a.atime, a.mtime), (precise_secs, precise_secs), "dir");
 
     // Through the descriptor that created the file (futimens after the writes, as cp -p
     // does): queued behind them, and read back as set.
@@ -7104,4 +7133,14 @@ async fn times_set_read_back_as_set_while_the_server_keeps_them() {
         "queued: asked again"
     );
     assert_eq!(h.meta("g").mtime(), 1_500_000_000);
+    // One that fails on the server is not kept (set to now, the second the server's
+    // write gave the file, so that only the mount's memory could show it).
+    let (g, gh) = h.create(ROOT, "g2").await;
+    h.write(gh, 0, b"copied").await;
+    h.plan.fail_next(ROp::Fsetstat, 1, failure("injected"));
+    let now = SystemTime::now();
+    h.fs.setattr(g, None, times(now, now)).await.unwrap();
+    assert!(h.fs.release(gh).await.is_err(), "the failure is reported");
+    let (atime, mtime) = shown(g).await;
+    assert!(whole(atime) && whole(mtime), "failed: {atime:?} {mtime:?}");
 }
