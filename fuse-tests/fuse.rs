@@ -1482,6 +1482,11 @@ fn errno_cases_match_a_local_disk() {
             errno_name(g)
         ));
     }
+    // An overlay's whiteout (character device 0/0) could not outlive the mount: refused.
+    let g = errno_of(mknod(&m.p("wh"), libc::S_IFCHR | 0o644));
+    if g != libc::EPERM {
+        wrong.push(format!("whiteout: mount {}, expected EPERM", errno_name(g)));
+    }
     assert!(
         wrong.is_empty(),
         "errno mismatches:\n  {}",

@@ -70,8 +70,8 @@ pub struct SetTime {
 }
 
 impl SetTime {
-    /// What to show for a time the server gives as `server`.
-    pub fn shown(this: Option<SetTime>, server: Option<u32>) -> Option<SystemTime> {
+    /// The kept time `this`, to show instead of the time the server gives as `server`.
+    pub fn instead_of(this: Option<SetTime>, server: Option<u32>) -> Option<SystemTime> {
         this.filter(|t| server == Some(t.sent)).map(|t| t.asked)
     }
 }

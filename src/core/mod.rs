@@ -684,8 +684,9 @@ impl<R: Remote> Fs<R> {
             )
         };
         let server_mtime = to_system_time(a.mtime);
-        let mtime = SetTime::shown(set.mtime, a.mtime).unwrap_or(server_mtime);
-        let atime = SetTime::shown(set.atime, a.atime).unwrap_or_else(|| to_system_time(a.atime));
+        let mtime = SetTime::instead_of(set.mtime, a.mtime).unwrap_or(server_mtime);
+        let atime =
+            SetTime::instead_of(set.atime, a.atime).unwrap_or_else(|| to_system_time(a.atime));
         let kind = a.file_type();
         let size = a.size.unwrap_or(0);
         let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
@@ -3022,7 +3023,6 @@ impl<R: Remote> Fs<R> {
         if new && entry.attr.size == 0 {
             self.enforcer.quota.created(entry.attr.ino);
         }
-
         let fh = self.register_file(entry.attr.ino, flags, handle, req.pid);
         if new && flags.write {
             // Made just now by this descriptor (whether or not the application asked for

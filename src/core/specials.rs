@@ -368,7 +368,7 @@ impl<R: Remote> Fs<R> {
             _ => dir_attr.gid,
         };
         let ino = self.inodes.lock().unwrap().new_ino();
-        let attr = {
+        let (attr, devices_made) = {
             let mut specials = self.specials.lock().unwrap();
             if specials.at(&path).is_some() {
                 return Err(exists(&path));
@@ -384,20 +384,20 @@ impl<R: Remote> Fs<R> {
                 ));
             }
             specials.make(ino, path.clone(), node, perm, (caller.uid, gid));
-            if node.is_device() {
-                // Unlike a FIFO's, a device node's meaning (its number) is something the
-                // delegator might have wanted (a root filesystem unpacked into the
-                // workspace): say so, loudly once, quietly after.
-                let first = specials.devices_made == 1;
-                let what = "device node kept by this mount only (the server cannot make one); \
-                            it cannot be opened here (nodev) and is gone after the unmount";
-                match first {
-                    true => tracing::warn!("{}: {what}", path.display()),
-                    false => tracing::debug!("{}: {what}", path.display()),
-                }
-            }
-            specials.attr(ino)
+            (specials.attr(ino), specials.devices_made)
         };
+        if node.is_device() {
+            // Unlike a FIFO's, a device node's meaning (its number) is something the
+            // delegator might have wanted (a root filesystem unpacked into the workspace):
+            // say so, loudly once, quietly after.
+            let what = "device node kept by this mount only (the server cannot make one); it \
+                        cannot be opened here (nodev) and is gone after the unmount";
+            if devices_made == 1 {
+                tracing::warn!("{}: {what}", path.display());
+            } else {
+                tracing::debug!("{}: {what}", path.display());
+            }
+        }
         self.names_changed_in(parent, Some(dir_attrs)).await;
         let attr = attr.expect("just made");
         Ok(self.entry(attr))
