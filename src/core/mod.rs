@@ -102,6 +102,16 @@ pub enum TimeSpec {
     At(SystemTime),
 }
 
+impl TimeSpec {
+    /// The time meant, `now` standing for "now".
+    pub fn or(self, now: SystemTime) -> SystemTime {
+        match self {
+            TimeSpec::Now => now,
+            TimeSpec::At(t) => t,
+        }
+    }
+}
+
 /// One entry handed to readdir.
 #[derive(Debug, Clone)]
 pub struct DirItem {
@@ -351,10 +361,7 @@ fn to_system_time(secs: Option<u32>) -> SystemTime {
 /// The times a setattr asks for, and what SFTP v3 carries of them (see [`SetTime`]).
 fn times_asked(req: &SetattrRequest) -> SetTimes {
     let set_time = |t: TimeSpec| {
-        let asked = match t {
-            TimeSpec::Now => SystemTime::now(),
-            TimeSpec::At(t) => t,
-        };
+        let asked = t.or(SystemTime::now());
         SetTime {
             asked,
             sent: to_seconds(TimeSpec::At(asked)),
@@ -368,10 +375,7 @@ fn times_asked(req: &SetattrRequest) -> SetTimes {
 }
 
 fn to_seconds(t: TimeSpec) -> u32 {
-    let t = match t {
-        TimeSpec::Now => SystemTime::now(),
-        TimeSpec::At(t) => t,
-    };
+    let t = t.or(SystemTime::now());
     // SFTP v3 carries unsigned 32-bit seconds: clamp instead of wrapping.
     match t.duration_since(UNIX_EPOCH) {
         Ok(d) => d.as_secs().min(u32::MAX as u64) as u32,
@@ -384,6 +388,14 @@ fn past_max_offset(offset: u64, len: u64) -> bool {
     offset
         .checked_add(len)
         .is_none_or(|end| end > i64::MAX as u64)
+}
+
+/// `ENOTDIR` for `path`.
+fn not_a_directory(path: &Path) -> FsError {
+    FsError::new(
+        libc::ENOTDIR,
+        format!("{}: not a directory", path.display()),
+    )
 }
 
 /// A change refused because the delegation's byte quota has no room for it.
@@ -1043,18 +1055,12 @@ impl<R: Remote> Fs<R> {
                     _ => false,
                 };
                 if not_dir && needs_dir {
-                    return FsError::new(
-                        libc::ENOTDIR,
-                        format!("{}: not a directory", target.display()),
-                    );
+                    return not_a_directory(target);
                 }
                 if let Some(parent) = target.parent() {
                     if let Some(kind) = self.probe_kind(parent).await {
                         if kind != FileKind::Dir && kind != FileKind::Symlink {
-                            return FsError::new(
-                                libc::ENOTDIR,
-                                format!("{}: not a directory", parent.display()),
-                            );
+                            return not_a_directory(parent);
                         }
                     }
                 }

@@ -33,7 +33,9 @@ use std::time::SystemTime;
 
 use super::errno::Op;
 use super::inode::Ino;
-use super::{to_seconds, Attr, Caller, DirItem, Entry, Fs, SetattrRequest, TimeSpec};
+use super::{
+    not_a_directory, to_seconds, Attr, Caller, DirItem, Entry, Fs, SetattrRequest, TimeSpec,
+};
 use crate::error::{FsError, FsResult};
 use crate::remote::{Attrs, FileKind, Remote, RemoteError, SetAttrs, Status};
 
@@ -278,10 +280,6 @@ impl Specials {
     pub fn set(&mut self, ino: Ino, req: &SetattrRequest) -> Option<Attr> {
         let s = self.nodes.get_mut(&ino)?;
         let now = SystemTime::now();
-        let at = |t: TimeSpec| match t {
-            TimeSpec::Now => now,
-            TimeSpec::At(t) => t,
-        };
         if let Some(mode) = req.mode {
             s.perm = (mode & 0o7777) as u16;
         }
@@ -292,10 +290,10 @@ impl Specials {
             s.gid = gid;
         }
         if let Some(t) = req.atime {
-            s.atime = at(t);
+            s.atime = t.or(now);
         }
         if let Some(t) = req.mtime {
-            s.mtime = at(t);
+            s.mtime = t.or(now);
         }
         s.ctime = now;
         self.attr(ino)
@@ -445,10 +443,7 @@ impl<R: Remote> Fs<R> {
         }
         match there {
             Ok(a) if a.file_type() == FileKind::Dir => Ok(a),
-            Ok(_) => Err(FsError::new(
-                libc::ENOTDIR,
-                format!("{}: not a directory", dir.display()),
-            )),
+            Ok(_) => Err(not_a_directory(dir)),
             Err(e) => Err(self.explain(Op::Lookup, e, dir, None).await),
         }
     }
@@ -471,10 +466,7 @@ impl<R: Remote> Fs<R> {
     pub(super) fn rmdir_special_check(&self, path: &Path) -> FsResult<()> {
         let specials = self.specials.lock().unwrap();
         if specials.at(path).is_some() {
-            return Err(FsError::new(
-                libc::ENOTDIR,
-                format!("{}: not a directory", path.display()),
-            ));
+            return Err(not_a_directory(path));
         }
         if specials.any_under(path) {
             return Err(not_empty(path));
@@ -541,10 +533,7 @@ impl<R: Remote> Fs<R> {
                 // A file of the server over a special file: the server renames it (to a
                 // name it does not have), then the special file loses its name.
                 match self.remote.lstat(&from).await {
-                    Ok(a) if a.file_type() == FileKind::Dir => Err(FsError::new(
-                        libc::ENOTDIR,
-                        format!("{}: not a directory", to.display()),
-                    )),
+                    Ok(a) if a.file_type() == FileKind::Dir => Err(not_a_directory(&to)),
                     Ok(_) => {
                         self.rename_on_server(parent, name, new_parent, new_name, flags)
                             .await
