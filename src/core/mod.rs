@@ -3004,10 +3004,12 @@ impl<R: Remote> Fs<R> {
                 return Err(err);
             }
         };
-        let known = self.inodes.lock().unwrap().child(parent, name);
-        if let (Some(ino), false, true) = (known, new, flags.truncate) {
+        if !new && flags.truncate {
             // An existing file opened with O_TRUNC: the server moved its mtime.
-            self.data_changed(ino);
+            let known = self.inodes.lock().unwrap().child(parent, name);
+            if let Some(ino) = known {
+                self.data_changed(ino);
+            }
         }
         let entry = match self
             .finish_create(
