@@ -1630,8 +1630,10 @@ impl<R: Remote> Fs<R> {
         }
         // Changed otherwise: what descriptors that created the file knew of it is stale.
         self.forget_created(ino);
-        let kind = self.inodes.lock().unwrap().kind(ino);
-        let data_changes = self.data_changes(ino);
+        let (kind, data_changes) = {
+            let inodes = self.inodes.lock().unwrap();
+            (inodes.kind(ino), inodes.data_changes(ino))
+        };
         // Writes in flight must land before a truncate (or they would extend the file again)
         // and before times are set (or they would bump the mtime afterwards).
         self.drain_inode(ino).await;
