@@ -505,17 +505,15 @@ async fn copy_data_between_handles_of_one_channel() {
     let short = r.copy_data(&from, 900_000, 150_000, &to, 0).await;
     assert!(short.is_err(), "a copy past the source's end: {short:?}");
     // Handles of two channels cannot be paired: the server would not know the other one.
-    let mut others = Vec::new();
-    while others.len() < 64 {
-        let h = r.open(&src, OpenFlags::read_only(), 0).await.unwrap();
-        let elsewhere = h.channel() != to.channel();
-        others.push(h);
-        if elsewhere {
-            break;
-        }
-    }
-    let other = others.last().unwrap();
-    assert_ne!(other.channel(), to.channel(), "64 opens all on one channel");
+    // (Opens made at once spread over the channels.)
+    let opens = (0..4).map(|_| r.open(&src, OpenFlags::read_only(), 0));
+    let others: Vec<_> = futures_util::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let other = others.iter().find(|h| h.channel() != to.channel());
+    let other = other.expect("4 opens at once all on one channel");
     assert!(r.copy_data(other, 0, 10, &to, 0).await.is_err());
     // The same file on both sides is refused by the server.
     let self_copy = r.open_beside(&dst, &to).await.unwrap().0;
@@ -528,6 +526,59 @@ async fn copy_data_between_handles_of_one_channel() {
         .unwrap();
     assert_eq!(attrs.file_type(), FileKind::Symlink);
     for h in others.iter().chain([&from, &self_copy, &via_link, &to]) {
+        r.close(h).await.unwrap();
+    }
+}
+
+/// Requests that wait for each other stay with one sftp-server process; requests in flight
+/// at once spread over the channels (see `Connection::pick`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chains_of_requests_stay_on_one_channel_and_crowds_spread() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    assert!(r.channel_count() > 1, "the test needs several channels");
+    let path = |i: usize| sshd.export_dir.join(format!("f{i}"));
+    // One file after another, each closed before the next is opened.
+    let mut chain = Vec::new();
+    for i in 0..8 {
+        let h = r.open(&path(i), rw_create(), 0o644).await.unwrap();
+        r.write(&h, 0, Bytes::from_static(b"x")).await.unwrap();
+        chain.push(h.channel());
+        r.close(&h).await.unwrap();
+    }
+    assert!(
+        chain.iter().all(|&c| c == chain[0]),
+        "a chain of opens wandered over the channels: {chain:?}"
+    );
+    // The next open while the last file's CLOSE is still on its way (as a release sends it
+    // in the background): a CLOSE does not make its channel busy.
+    let h = r.open(&path(0), OpenFlags::read_only(), 0).await.unwrap();
+    let second = path(1);
+    let (closed, next) = tokio::join!(r.close(&h), r.open(&second, OpenFlags::read_only(), 0));
+    closed.unwrap();
+    let next = next.unwrap();
+    assert_eq!(
+        next.channel(),
+        h.channel(),
+        "an open moved away from a CLOSE"
+    );
+    r.close(&next).await.unwrap();
+    // Opens at once: spread.
+    let paths: Vec<_> = (0..8).map(path).collect();
+    let opens = paths.iter().map(|p| r.open(p, OpenFlags::read_only(), 0));
+    let crowd: Vec<_> = futures_util::future::join_all(opens)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let mut used: Vec<usize> = crowd.iter().map(|h| h.channel()).collect();
+    used.sort_unstable();
+    used.dedup();
+    assert!(
+        used.len() > 1,
+        "8 opens at once all went to channel {used:?}"
+    );
+    for h in &crowd {
         r.close(h).await.unwrap();
     }
 }

@@ -86,6 +86,17 @@ struct Pending {
     sent: Instant,
     /// Held until the reply arrives.
     _permits: Option<(OwnedSemaphorePermit, OwnedSemaphorePermit)>,
+    /// For a CLOSE: held until the reply arrives (see [`SftpChannel::load`]).
+    _closing: Option<ClosingGuard>,
+}
+
+/// A CLOSE on its way: the channel's `closing` count, until dropped.
+struct ClosingGuard(Arc<Shared>);
+
+impl Drop for ClosingGuard {
+    fn drop(&mut self) {
+        self.0.closing.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// See [`SftpChannel::copying`].
@@ -112,6 +123,8 @@ struct Shared {
     death: DeathSignal,
     /// Server-side copies in progress (see [`SftpChannel::copying`]).
     copies: AtomicUsize,
+    /// CLOSEs waiting for their answer (see [`SftpChannel::load`]).
+    closing: AtomicUsize,
     /// The server's handle table as our requests change it (see [`SftpChannel::open_and_read`]).
     /// Locked inside `pending`, never the other way round.
     forecast: Mutex<HandleForecast>,
@@ -297,6 +310,7 @@ impl SftpChannel {
             min_rtt,
             death,
             copies: AtomicUsize::new(0),
+            closing: AtomicUsize::new(0),
             forecast: Mutex::new(HandleForecast::default()),
         });
         let (wtx, wrx) = mpsc::unbounded_channel();
@@ -319,6 +333,10 @@ impl SftpChannel {
     pub(crate) fn load(&self) -> usize {
         let waiting =
             MAX_REQUESTS_IN_FLIGHT.saturating_sub(self.shared.req_sem.available_permits());
+        // A CLOSE is answered at once and nothing waits for it (files are closed in the
+        // background): a channel with only CLOSEs on their way is as good as idle, and the
+        // next file's OPEN goes best to the process that served the last one.
+        let waiting = waiting.saturating_sub(self.shared.closing.load(Ordering::Relaxed));
         waiting + self.shared.copies.load(Ordering::Relaxed) * MAX_REQUESTS_IN_FLIGHT
     }
 
@@ -427,6 +445,10 @@ impl SftpChannel {
                     tx,
                     sent: Instant::now(),
                     _permits: Some((req_permit, byte_permit)),
+                    _closing: matches!(req, Request::Close { .. }).then(|| {
+                        self.shared.closing.fetch_add(1, Ordering::Relaxed);
+                        ClosingGuard(self.shared.clone())
+                    }),
                 },
             );
             match change {
@@ -619,7 +641,17 @@ fn dispatch(
         _ => None,
     };
     shared.lock_forecast().answered(id, handle);
-    if let Err(Ok(Response::Handle(handle))) = pending.tx.send(result) {
+    // The channel's load drops before the caller hears: a caller that sends its next request
+    // at once (on another thread) must find the channel as idle as it is, or it would send
+    // elsewhere (see `Connection::pick`).
+    let Pending {
+        tx,
+        _permits,
+        _closing,
+        ..
+    } = pending;
+    drop((_permits, _closing));
+    if let Err(Ok(Response::Handle(handle))) = tx.send(result) {
         // The caller gave up on an OPEN/OPENDIR: do not leak the server's handle.
         close_orphan(shared, writer, handle);
     }
@@ -640,6 +672,7 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
             tx,
             sent: Instant::now(),
             _permits: None,
+            _closing: None,
         },
     );
     debug!(

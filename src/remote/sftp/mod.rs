@@ -122,7 +122,10 @@ struct Connection {
     death: DeathSignal,
     ext: Extensions,
     limits: Limits,
+    /// Where `open_alongside` starts looking, turned by each call.
     rr: AtomicUsize,
+    /// The channel [`Connection::pick`] chose last.
+    last_picked: AtomicUsize,
 }
 
 impl Connection {
@@ -230,6 +233,7 @@ impl Connection {
             ext,
             limits,
             rr: AtomicUsize::new(0),
+            last_picked: AtomicUsize::new(0),
         })
     }
 
@@ -254,10 +258,17 @@ impl Connection {
         &self.channels[(h.finish() % self.channels.len() as u64) as usize]
     }
 
-    /// The least loaded channel, round-robin among equals.
+    /// The least loaded channel; among equals, the one picked last. Why sticky rather than
+    /// round-robin: a chain of requests each waiting for the one before (an append's open,
+    /// write and close, then the next; a file's create, writes and close in untar) then stays
+    /// with one sftp-server process, which is awake and has the file's state in its caches,
+    /// instead of waking the next process in turn each time. Requests in flight at once
+    /// still spread, as the channel picked last is loaded by them. Measured at RTT 0 (medians
+    /// of 7-9 alternating rounds, docs/PERFORMANCE.md): 2-6 % faster untar, `git status`,
+    /// appends and editor saves, within this machine's noise, and nothing slower beyond it.
     fn pick(&self) -> &SftpChannel {
         let n = self.channels.len();
-        let start = self.rr.fetch_add(1, Ordering::Relaxed) % n;
+        let start = self.last_picked.load(Ordering::Relaxed) % n;
         let mut best = start;
         let mut best_load = usize::MAX;
         for k in 0..n {
@@ -271,6 +282,7 @@ impl Connection {
                 }
             }
         }
+        self.last_picked.store(best, Ordering::Relaxed);
         &self.channels[best]
     }
 }
