@@ -531,7 +531,7 @@ async fn copy_data_between_handles_of_one_channel() {
 }
 
 /// Requests that wait for each other stay with one sftp-server process; requests in flight
-/// at once spread over the channels (see `Connection::pick`).
+/// at once, and files kept open, spread over the channels (see `Connection::pick`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chains_of_requests_stay_on_one_channel_and_crowds_spread() {
     let sshd = TestSshd::start();
@@ -563,8 +563,25 @@ async fn chains_of_requests_stay_on_one_channel_and_crowds_spread() {
         "an open moved away from a CLOSE"
     );
     r.close(&next).await.unwrap();
-    // Opens at once: spread.
+    // Files opened one after another and kept open (to be read at once, say): spread, one
+    // per channel while there are channels without one.
     let paths: Vec<_> = (0..8).map(path).collect();
+    let mut kept = Vec::new();
+    for p in paths.iter().take(r.channel_count()) {
+        kept.push(r.open(p, OpenFlags::read_only(), 0).await.unwrap());
+    }
+    let mut used: Vec<usize> = kept.iter().map(|h| h.channel()).collect();
+    used.sort_unstable();
+    used.dedup();
+    assert_eq!(
+        used.len(),
+        kept.len(),
+        "files kept open share channels: {used:?}"
+    );
+    for h in &kept {
+        r.close(h).await.unwrap();
+    }
+    // Opens at once: spread.
     let opens = paths.iter().map(|p| r.open(p, OpenFlags::read_only(), 0));
     let crowd: Vec<_> = futures_util::future::join_all(opens)
         .await

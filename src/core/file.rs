@@ -1221,19 +1221,24 @@ async fn same_file_or_refused<R: Remote>(
 }
 
 /// Close handles in the background, in order (best effort: nobody can see an error of CLOSE,
-/// nothing is in flight on them, and a handle of a lost connection is gone with it).
+/// nothing is in flight on them, and a handle of a lost connection is gone with it). The first
+/// CLOSE is sent before this returns, not by a task that runs later: a tool that closes a
+/// file and opens the next at once (`echo >> log` in a loop) then finds the channel it used
+/// with no handle of its own left, and its next OPEN goes there too (see the SFTP remote's
+/// channel choice).
 pub(crate) fn close_in_background<R: Remote>(remote: &Arc<R>, handles: Vec<R::Handle>) {
     if handles.is_empty() {
         return;
     }
     let remote = remote.clone();
-    tokio::spawn(async move {
+    let closing = async move {
         for h in handles {
             if let Err(e) = remote.close(&h).await {
                 tracing::debug!("close: {e}");
             }
         }
-    });
+    };
+    crate::handoff::run_here_then_on(&tokio::runtime::Handle::current(), closing);
 }
 
 /// If `file`'s lanes are open, close them (in the background) and leave `then` in their

@@ -18,7 +18,7 @@
 //! closes that handle on the server instead of leaking it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -90,8 +90,28 @@ struct Pending {
     _closing: Option<ClosingGuard>,
 }
 
+/// Whether CLOSEs on their way since `age` ago may still be taken for answered at once (see
+/// [`SftpChannel::load`]): for a round trip (`min_rtt`, the channel's recent shortest) and
+/// a millisecond.
+fn closes_are_quick(age: Duration, min_rtt: Option<Duration>) -> bool {
+    age <= min_rtt.unwrap_or_default() + Duration::from_millis(1)
+}
+
 /// A CLOSE on its way: the channel's `closing` count, until dropped.
 struct ClosingGuard(Arc<Shared>);
+
+impl ClosingGuard {
+    /// A CLOSE is being sent: one handle fewer from now on, one more CLOSE on its way.
+    fn new(shared: &Arc<Shared>) -> ClosingGuard {
+        if shared.closing.fetch_add(1, Ordering::Relaxed) == 0 {
+            shared
+                .closing_since
+                .store(shared.born.elapsed().as_micros() as u64, Ordering::Relaxed);
+        }
+        shared.handle_closed();
+        ClosingGuard(shared.clone())
+    }
+}
 
 impl Drop for ClosingGuard {
     fn drop(&mut self) {
@@ -125,6 +145,13 @@ struct Shared {
     copies: AtomicUsize,
     /// CLOSEs waiting for their answer (see [`SftpChannel::load`]).
     closing: AtomicUsize,
+    /// When `closing` last rose from 0, in microseconds after `born`.
+    closing_since: AtomicU64,
+    /// When the channel was set up.
+    born: Instant,
+    /// Handles the server process holds for us: OPENs and OPENDIRs answered with one, less
+    /// the CLOSEs sent (see [`SftpChannel::handles`]).
+    handles: AtomicUsize,
     /// The server's handle table as our requests change it (see [`SftpChannel::open_and_read`]).
     /// Locked inside `pending`, never the other way round.
     forecast: Mutex<HandleForecast>,
@@ -141,6 +168,13 @@ impl Shared {
 
     fn is_dead(&self) -> bool {
         *self.dead_tx.borrow()
+    }
+
+    /// A CLOSE is on its way: one handle fewer (see [`SftpChannel::handles`]).
+    fn handle_closed(&self) {
+        let _ = self
+            .handles
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
     }
 
     fn lock_forecast(&self) -> std::sync::MutexGuard<'_, HandleForecast> {
@@ -311,6 +345,9 @@ impl SftpChannel {
             death,
             copies: AtomicUsize::new(0),
             closing: AtomicUsize::new(0),
+            closing_since: AtomicU64::new(0),
+            born: now,
+            handles: AtomicUsize::new(0),
             forecast: Mutex::new(HandleForecast::default()),
         });
         let (wtx, wrx) = mpsc::unbounded_channel();
@@ -331,13 +368,31 @@ impl SftpChannel {
     /// server process is making a copy counts as full: it answers nothing else until the
     /// copy is done.
     pub(crate) fn load(&self) -> usize {
-        let waiting =
+        let mut waiting =
             MAX_REQUESTS_IN_FLIGHT.saturating_sub(self.shared.req_sem.available_permits());
-        // A CLOSE is answered at once and nothing waits for it (files are closed in the
-        // background): a channel with only CLOSEs on their way is as good as idle, and the
-        // next file's OPEN goes best to the process that served the last one.
-        let waiting = waiting.saturating_sub(self.shared.closing.load(Ordering::Relaxed));
+        // A CLOSE of a released file is sent in the background and, on a local disk, answered
+        // at once: a channel with only such CLOSEs on their way is as good as idle, and the
+        // next file's OPEN goes best to the process that served the last one. Not when they
+        // have taken longer than a round trip and a millisecond: close(2) can be slow on the
+        // server (NFS writes a file's data back at its close), and sftp-server answers in
+        // order, so an OPEN behind it would wait for it.
+        let closing = self.shared.closing.load(Ordering::Relaxed);
+        if closing > 0 {
+            let since = Duration::from_micros(self.shared.closing_since.load(Ordering::Relaxed));
+            let age = self.shared.born.elapsed().saturating_sub(since);
+            if closes_are_quick(age, self.shared.min_rtt.get()) {
+                waiting = waiting.saturating_sub(closing);
+            }
+        }
         waiting + self.shared.copies.load(Ordering::Relaxed) * MAX_REQUESTS_IN_FLIGHT
+    }
+
+    /// Files and directories open on this channel. Their reads and listings will come here
+    /// (a handle belongs to its server process), so among channels equally loaded now, the
+    /// one with fewer open is the better place for another OPEN: files opened one after
+    /// another and then read at once still spread over the server processes.
+    pub(crate) fn handles(&self) -> usize {
+        self.shared.handles.load(Ordering::Relaxed)
     }
 
     /// Mark the channel busy with a server-side copy (`copy-data`) until the guard is dropped,
@@ -445,10 +500,8 @@ impl SftpChannel {
                     tx,
                     sent: Instant::now(),
                     _permits: Some((req_permit, byte_permit)),
-                    _closing: matches!(req, Request::Close { .. }).then(|| {
-                        self.shared.closing.fetch_add(1, Ordering::Relaxed);
-                        ClosingGuard(self.shared.clone())
-                    }),
+                    _closing: matches!(req, Request::Close { .. })
+                        .then(|| ClosingGuard::new(&self.shared)),
                 },
             );
             match change {
@@ -640,6 +693,9 @@ fn dispatch(
         Ok(Response::Handle(h)) => Some(&h[..]),
         _ => None,
     };
+    if handle.is_some() {
+        shared.handles.fetch_add(1, Ordering::Relaxed);
+    }
     shared.lock_forecast().answered(id, handle);
     // The channel's load drops before the caller hears: a caller that sends its next request
     // at once (on another thread) must find the channel as idle as it is, or it would send
@@ -650,7 +706,8 @@ fn dispatch(
         _closing,
         ..
     } = pending;
-    drop((_permits, _closing));
+    // (The CLOSE count first: it never counts more than the permits held.)
+    drop((_closing, _permits));
     if let Err(Ok(Response::Handle(handle))) = tx.send(result) {
         // The caller gave up on an OPEN/OPENDIR: do not leak the server's handle.
         close_orphan(shared, writer, handle);
@@ -679,6 +736,9 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
         channel = shared.index,
         id, "closing a handle whose opener went away"
     );
+    // (Not counted among the CLOSEs on their way: it holds no place among the requests
+    // waiting either.)
+    shared.handle_closed();
     let close = Request::Close { handle: &handle };
     if let Some(change) = change_of(&close) {
         let _ = shared.lock_forecast().sent(id, change);
@@ -689,6 +749,17 @@ fn close_orphan(shared: &Shared, writer: &mpsc::WeakUnboundedSender<OutPacket>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn closes_count_as_load_once_slower_than_a_round_trip_and_a_millisecond() {
+        let ms = Duration::from_millis;
+        assert!(closes_are_quick(ms(0), None));
+        assert!(closes_are_quick(ms(1), None));
+        assert!(!closes_are_quick(ms(2), None));
+        // On a 20 ms link a CLOSE is on its way for 20 ms at least.
+        assert!(closes_are_quick(ms(20), Some(ms(20))));
+        assert!(!closes_are_quick(ms(30), Some(ms(20))));
+    }
 
     #[test]
     fn writes_are_paced_on_a_short_link_and_reads_never() {

@@ -1,8 +1,9 @@
 //! [`SftpRemote`]: the [`Remote`] trait over SFTP v3, with our own codec on russh channels.
 //!
 //! One SSH connection carries `max_conns` SFTP channels, each served by its own sftp-server
-//! process. Path operations go to the least loaded channel; operations on an open handle go to
-//! the channel that opened it. Every channel pipelines: many tasks may have requests in flight
+//! process. OPENs and most path operations go to the least loaded channel (`Connection::pick`;
+//! removals go to their directory's); operations on an open handle go to the channel that
+//! opened it. Every channel pipelines: many tasks may have requests in flight
 //! at once (bounded per channel, see [`channel`]). Each channel has its own SSH flow-control
 //! window (OpenSSH: 2 MiB), so one channel moves at most that per round trip; `open_alongside`
 //! opens a file again on another channel, which the core uses to spread one file's large
@@ -258,26 +259,28 @@ impl Connection {
         &self.channels[(h.finish() % self.channels.len() as u64) as usize]
     }
 
-    /// The least loaded channel; among equals, the one picked last. Why sticky rather than
+    /// The least loaded channel (requests waiting, then handles open: see
+    /// [`SftpChannel::handles`]); among equals, the one picked last. Why sticky rather than
     /// round-robin: a chain of requests each waiting for the one before (an append's open,
     /// write and close, then the next; a file's create, writes and close in untar) then stays
     /// with one sftp-server process, which is awake and has the file's state in its caches,
-    /// instead of waking the next process in turn each time. Requests in flight at once
-    /// still spread, as the channel picked last is loaded by them. Measured at RTT 0 (medians
-    /// of 7-9 alternating rounds, docs/PERFORMANCE.md): 2-6 % faster untar, `git status`,
-    /// appends and editor saves, within this machine's noise, and nothing slower beyond it.
+    /// instead of waking the next process in turn each time. Requests in flight at once, and
+    /// files kept open, still spread, as they load the channel picked last. Measured at RTT 0
+    /// (medians of 7-9 alternating rounds, docs/PERFORMANCE.md): 2-6 % faster untar, `git
+    /// status`, appends and editor saves, within this machine's noise, and nothing slower
+    /// beyond it.
     fn pick(&self) -> &SftpChannel {
         let n = self.channels.len();
         let start = self.last_picked.load(Ordering::Relaxed) % n;
         let mut best = start;
-        let mut best_load = usize::MAX;
+        let mut best_load = (usize::MAX, usize::MAX);
         for k in 0..n {
             let i = (start + k) % n;
-            let load = self.channels[i].load();
+            let load = (self.channels[i].load(), self.channels[i].handles());
             if load < best_load {
                 best = i;
                 best_load = load;
-                if load == 0 {
+                if load == (0, 0) {
                     break;
                 }
             }
