@@ -145,12 +145,13 @@ struct Shared {
     copies: AtomicUsize,
     /// CLOSEs waiting for their answer (see [`SftpChannel::load`]).
     closing: AtomicUsize,
-    /// When `closing` last rose from 0, in microseconds after `born`.
+    /// When `closing` last rose from 0, in microseconds after `born`: CLOSEs have been on
+    /// their way without a break since then.
     closing_since: AtomicU64,
     /// When the channel was set up.
     born: Instant,
     /// Handles the server process holds for us: OPENs and OPENDIRs answered with one, less
-    /// the CLOSEs sent (see [`SftpChannel::handles`]).
+    /// the CLOSEs registered for sending (see [`SftpChannel::handles`]).
     handles: AtomicUsize,
     /// The server's handle table as our requests change it (see [`SftpChannel::open_and_read`]).
     /// Locked inside `pending`, never the other way round.
@@ -372,10 +373,10 @@ impl SftpChannel {
             MAX_REQUESTS_IN_FLIGHT.saturating_sub(self.shared.req_sem.available_permits());
         // A CLOSE of a released file is sent in the background and, on a local disk, answered
         // at once: a channel with only such CLOSEs on their way is as good as idle, and the
-        // next file's OPEN goes best to the process that served the last one. Not when they
-        // have taken longer than a round trip and a millisecond: close(2) can be slow on the
-        // server (NFS writes a file's data back at its close), and sftp-server answers in
-        // order, so an OPEN behind it would wait for it.
+        // next file's OPEN goes best to the process that served the last one. Not once the
+        // channel has had CLOSEs on their way without a break for longer than a round trip
+        // and a millisecond: close(2) can be slow on the server (NFS writes a file's data back
+        // at its close), and sftp-server answers in order, so an OPEN behind it would wait.
         let closing = self.shared.closing.load(Ordering::Relaxed);
         if closing > 0 {
             let since = Duration::from_micros(self.shared.closing_since.load(Ordering::Relaxed));

@@ -259,24 +259,39 @@ impl Connection {
         &self.channels[(h.finish() % self.channels.len() as u64) as usize]
     }
 
-    /// The least loaded channel (requests waiting, then handles open: see
-    /// [`SftpChannel::handles`]); among equals, the one picked last. Why sticky rather than
-    /// round-robin: a chain of requests each waiting for the one before (an append's open,
-    /// write and close, then the next; a file's create, writes and close in untar) then stays
-    /// with one sftp-server process, which is awake and has the file's state in its caches,
-    /// instead of waking the next process in turn each time. Requests in flight at once, and
-    /// files kept open, still spread, as they load the channel picked last. Measured at RTT 0
-    /// (medians of 7-9 alternating rounds, docs/PERFORMANCE.md): 2-6 % faster untar, `git
-    /// status`, appends and editor saves, within this machine's noise, and nothing slower
-    /// beyond it.
+    /// The channel for a path operation: the least loaded; among equals, the one picked
+    /// last. Why sticky rather than round-robin: a chain of requests each waiting for the one
+    /// before (an append's open, write and close, then the next; a file's create, writes and
+    /// close in untar) then stays with one sftp-server process, which is awake and has the
+    /// file's state in its caches, instead of waking the next process in turn each time.
+    /// Requests in flight at once still spread, as they load the channel picked last.
+    /// Measured at RTT 0 (medians of 7-9 alternating rounds, docs/PERFORMANCE.md): untar,
+    /// `git status` and shell appends 3-6 % faster, editor saves 2 % faster and 8 % slower in
+    /// two rounds: all within this machine's noise.
     fn pick(&self) -> &SftpChannel {
+        self.pick_by(false)
+    }
+
+    /// The channel for an OPEN or OPENDIR: as [`Connection::pick`], but among channels
+    /// equally loaded now, the one with fewer handles open (see [`SftpChannel::handles`]), as
+    /// the handle's reads or listing will go there too.
+    fn pick_for_open(&self) -> &SftpChannel {
+        self.pick_by(true)
+    }
+
+    fn pick_by(&self, opening: bool) -> &SftpChannel {
         let n = self.channels.len();
         let start = self.last_picked.load(Ordering::Relaxed) % n;
         let mut best = start;
         let mut best_load = (usize::MAX, usize::MAX);
         for k in 0..n {
             let i = (start + k) % n;
-            let load = (self.channels[i].load(), self.channels[i].handles());
+            let handles = if opening {
+                self.channels[i].handles()
+            } else {
+                0
+            };
+            let load = (self.channels[i].load(), handles);
             if load < best_load {
                 best = i;
                 best_load = load;
@@ -843,7 +858,7 @@ impl SftpRemote {
         perm: u32,
     ) -> RemoteResult<(SftpHandle, Attrs)> {
         let c = self.inner.conn().await?;
-        let ch = Self::channel_index(&c, c.pick());
+        let ch = Self::channel_index(&c, c.pick_for_open());
         let (handle, attrs) = self.open_lstat_on(&c, ch, path, flags, perm).await?;
         match attrs {
             Ok(a) => Ok((handle, a)),
@@ -999,7 +1014,7 @@ impl Remote for SftpRemote {
         let req = open_request(path, flags, perm);
         self.once_more(!flags.exclusive, || async {
             let c = self.inner.conn().await?;
-            let ch = Self::channel_index(&c, c.pick());
+            let ch = Self::channel_index(&c, c.pick_for_open());
             self.open_on(&c, ch, &req).await
         })
         .await
@@ -1014,7 +1029,7 @@ impl Remote for SftpRemote {
         let req = open_request(path, OpenFlags::read_only(), 0);
         self.once_more(true, || async {
             let c = self.inner.conn().await?;
-            let ch = Self::channel_index(&c, c.pick());
+            let ch = Self::channel_index(&c, c.pick_for_open());
             let (opened, along) = c.channels[ch].open_and_read(&req, len, stat).await?;
             let raw = expect_handle(req.name(), opened.wait().await?)?;
             let mut got = Along::default();
@@ -1433,7 +1448,7 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
     // once: each gets the next batch of names, or EOF. With the CLOSE not waited for, a
     // listing costs two round trips instead of four or more, which is what makes `find`,
     // `ls -R` and `git status` bearable on a high-latency link.
-    let ch = c.pick();
+    let ch = c.pick_for_open();
     let handle = expect_handle("OPENDIR", ch.request(&Request::Opendir { path }).await?)?;
     let mut out = Vec::new();
     let mut batch = ReaddirBatch::default();
