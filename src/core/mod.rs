@@ -1233,18 +1233,16 @@ impl<R: Remote> Fs<R> {
 
     /// A setattr of `ino` was made: its status changed, its data too if `resized`, and the
     /// times it set are remembered as asked (see [`InodeTable::times_set`]; `data_changes`
-    /// read before it was sent).
-    fn attributes_set(&self, ino: Ino, resized: bool, data_changes: u64, times: SetTimes) {
+    /// read before it was sent, or `None` for a setattr not sent yet, which nothing can
+    /// overtake: the count is read here, under the same lock).
+    fn attributes_set(&self, ino: Ino, resized: bool, data_changes: Option<u64>, times: SetTimes) {
         let mut inodes = self.inodes.lock().unwrap();
+        let data_changes = data_changes.unwrap_or_else(|| inodes.data_changes(ino));
         match resized {
             true => inodes.data_changed(ino, SystemTime::now()),
             false => inodes.status_changed(ino, SystemTime::now()),
         }
         inodes.times_set(ino, data_changes + u64::from(resized), times);
-    }
-
-    fn data_changes(&self, ino: Ino) -> u64 {
-        self.inodes.lock().unwrap().data_changes(ino)
     }
 
     /// Register an inode for `name` in `parent` with attributes learnt when the change clock
@@ -1766,7 +1764,7 @@ impl<R: Remote> Fs<R> {
                     None => self.explain(op, e, &target, None).await,
                 });
             }
-            self.attributes_set(ino, req.size.is_some(), data_changes, times);
+            self.attributes_set(ino, req.size.is_some(), Some(data_changes), times);
         }
         // What came along shows this change and nothing after it, unless the inode changed
         // through the mount meanwhile (checked as they are kept). By path, only what
@@ -1880,7 +1878,7 @@ impl<R: Remote> Fs<R> {
         // Kept before it is sent: its failure (whenever it is answered) forgets them. Writes
         // sent after it through this descriptor land after it (and drop the kept mtime).
         file.update_created(Some(attrs));
-        self.attributes_set(ino, false, self.data_changes(ino), times);
+        self.attributes_set(ino, false, None, times);
         if !file.submit_setattrs(self, set) {
             file.update_created(None);
             self.inodes.lock().unwrap().forget_set_times(ino);
@@ -3008,9 +3006,9 @@ impl<R: Remote> Fs<R> {
         };
         if !new && flags.truncate {
             // An existing file opened with O_TRUNC: the server moved its mtime.
-            let known = self.inodes.lock().unwrap().child(parent, name);
-            if let Some(ino) = known {
-                self.data_changed(ino);
+            let mut inodes = self.inodes.lock().unwrap();
+            if let Some(ino) = inodes.child(parent, name) {
+                inodes.data_changed(ino, SystemTime::now());
             }
         }
         let entry = match self
