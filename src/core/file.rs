@@ -550,9 +550,10 @@ pub struct OpenFile<R: Remote> {
     /// The last mtime `created` held: the server's (or one set behind the writes), kept
     /// when a write makes the new one unknown (see [`OpenFile::attrs_while_writing`]).
     created_mtime: Mutex<Option<u32>>,
-    /// An attribute change was queued behind this descriptor's writes: until the queue is
-    /// empty, whether the server took it is not known here.
-    changed_behind: AtomicBool,
+    /// A mode change was queued behind this descriptor's writes: until the queue is empty,
+    /// whether the server took it is not known here, and `stat` asks the server (see
+    /// [`OpenFile::attrs_while_writing`]).
+    mode_changed_behind: AtomicBool,
     /// The change clock when a close of this descriptor learnt the attributes its writes
     /// left (asked right behind them, see `Fs::attrs_behind_writes`); 0 if none did. Its
     /// release keeps them unless the file changed through the mount after that.
@@ -580,7 +581,7 @@ impl<R: Remote> OpenFile<R> {
             lane_writes: AtomicUsize::new(0),
             created: Mutex::new(None),
             created_mtime: Mutex::new(None),
-            changed_behind: AtomicBool::new(false),
+            mode_changed_behind: AtomicBool::new(false),
             attrs_settled_at: AtomicU64::new(0),
         }
     }
@@ -612,14 +613,20 @@ impl<R: Remote> OpenFile<R> {
     /// last one the server gave (or that was set behind the writes): the server moves it
     /// as each write lands, on its clock, and the mount shows what it says once the writes
     /// are in. None: not known here, ask the server.
+    ///
+    /// Times and a same-owner `chown` queued behind the writes are shown as asked, like the
+    /// writes (the caller was told they were done; a refusal is reported at the next flush,
+    /// and `stat` asks the server from then on): the kernel asks for the attributes before
+    /// every `chown` (to clear set-id bits), and `tar` and `cp -p` set the times just
+    /// before it, so waiting here cost them a round trip per file. A mode change still on
+    /// its way is the server's to show: a tool that checks the mode it set (before putting
+    /// a secret in the file, say) must not be told of one the server refused.
     pub fn attrs_while_writing(&self) -> Option<Attrs> {
         let mut attrs = self.created_attrs()?;
         let pending = self.writes_pending();
         if self.pending_failure().is_some()
-            || (pending && self.changed_behind.load(Ordering::Acquire))
+            || (pending && self.mode_changed_behind.load(Ordering::Acquire))
         {
-            // A failure to report, or a change the server may still refuse (a `stat` shows
-            // a refused `chmod` as refused): the server decides.
             return None;
         }
         if attrs.mtime.is_none() {
@@ -648,7 +655,9 @@ impl<R: Remote> OpenFile<R> {
     /// fsync, a stat that drains, a change sent directly) goes through the same queue or
     /// drains it first, and its failure is latched like a write's.
     pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: SetAttrs) -> bool {
-        self.changed_behind.store(true, Ordering::Release);
+        if attrs.perm.is_some() {
+            self.mode_changed_behind.store(true, Ordering::Release);
+        }
         let job = WriteJob::SetAttrs {
             file: self.clone(),
             attrs,

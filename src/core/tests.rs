@@ -6188,6 +6188,51 @@ async fn behind_tar_extraction_sets_times_and_mode_without_asking() {
     assert_eq!(secs(e.atime), m.atime() as u64);
 }
 
+/// The kernel asks for the attributes before every `chown` (to clear set-id bits), which
+/// `tar` and `cp -p` make right after setting the times behind the writes: that stat is
+/// answered from what the descriptor knows, times as set, without waiting for the server.
+/// With a mode change still on its way, it waits (a refused chmod is the server's to show).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_stat_after_times_does_not_wait_but_one_after_a_chmod_does() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.write(fh, 0, b"extracted").await;
+    h.plan.reset_counts();
+    h.plan.hold(ROp::Fsetstat);
+    h.fs.setattr(ino, None, times(None, at(1_000_000)))
+        .await
+        .unwrap();
+    let keep_owner = SetattrRequest {
+        uid: Some(0),
+        gid: Some(0),
+        ..Default::default()
+    };
+    let quick = Duration::from_secs(10);
+    for (what, req) in [("times", None), ("a same-owner chown", Some(keep_owner))] {
+        if let Some(req) = req {
+            h.fs.setattr(ino, None, req).await.unwrap();
+        }
+        let (a, ttl) = tokio::time::timeout(quick, h.fs.getattr(ino, Some(fh)))
+            .await
+            .unwrap_or_else(|_| panic!("the stat after {what} waited for the held FSETSTAT"))
+            .unwrap();
+        assert_eq!((secs(a.mtime), a.size, ttl), (1_000_000, 9, Duration::ZERO));
+    }
+    assert_eq!(h.plan.calls(ROp::Fstat), 0);
+    h.fs.setattr(ino, None, chmod(0o751)).await.unwrap();
+    let mut stat = Box::pin(h.fs.getattr(ino, Some(fh)));
+    assert!(
+        answered_at_once(&mut stat).is_none(),
+        "the stat after a chmod on its way did not wait for it"
+    );
+    h.plan.release(ROp::Fsetstat);
+    let (a, _) = stat.await.unwrap();
+    assert_eq!((a.perm, secs(a.mtime), a.size), (0o751, 1_000_000, 9));
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("f").mode() & 0o7777, 0o751);
+}
+
 /// A change behind the writes that the server refuses is reported like a failed write: by
 /// the next flush (close), not lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
