@@ -91,6 +91,13 @@ async fn every_operation() {
     assert_eq!(a.mode.unwrap() & 0o777, 0o640);
     assert_eq!(a.file_type(), FileKind::File);
     r.fsync(&h).await.unwrap();
+    // write_back_early: by path (on a channel of its own), changing nothing
+    r.write_back_early(&p("d/f")).await.unwrap();
+    assert_eq!(
+        status(r.write_back_early(&p("d/missing")).await.unwrap_err()),
+        Status::NoSuchFile
+    );
+    assert_eq!(&r.read(&h, 0, 100).await.unwrap()[..], b"hello there");
     // fsetstat: truncate and chmod
     r.fsetstat(
         &h,

@@ -110,6 +110,15 @@ pub const EARLY_ANSWER_BYTES: u32 = 4 * 1024 * 1024;
 /// Bytes one descriptor writes contiguously before its writes are striped over lanes.
 pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 
+/// Bytes of one descriptor's contiguous run after which, and after every such many more, the
+/// server is asked to write the file back to its disk ([`Remote::write_back_early`]), on a
+/// channel of its own, while the writes go on. A long write is often ended by `fsync` (`dd
+/// conv=fsync`, `cp` then `sync`, a database, a package manager): without this, the server
+/// wrote all of it to its disk then, after the transfer (a 256 MiB file: 0.4 s on the test
+/// machine's disk, a third of the `dd`); with it, the disk works while the data comes.
+/// Small files never reach it.
+pub const WRITE_BACK_EVERY: u64 = 32 * 1024 * 1024;
+
 /// Most handles (the descriptor's own included) one descriptor's writes are spread over.
 pub const MAX_LANES: usize = 4;
 
@@ -1279,6 +1288,19 @@ fn setattrs_failed<R: Remote>(fs: &Weak<Fs<R>>, file: &OpenFile<R>) {
     }
 }
 
+/// Ask the server to write `ino` back to its disk (see [`WRITE_BACK_EVERY`]), not waiting.
+fn write_back_early<R: Remote>(fs: &Weak<Fs<R>>, remote: &Arc<R>, ino: Ino) {
+    let Some(path) = fs.upgrade().and_then(|fs| fs.path_of(ino).ok()) else {
+        return;
+    };
+    let remote = remote.clone();
+    tokio::spawn(async move {
+        if let Err(e) = remote.write_back_early(&path).await {
+            tracing::debug!("early write-back of {} failed: {e}", path.display());
+        }
+    });
+}
+
 async fn writer_loop<R: Remote>(
     stream: Arc<WriteStream<R>>,
     fs: Weak<Fs<R>>,
@@ -1466,6 +1488,9 @@ async fn writer_loop<R: Remote>(
                 run_len += len;
                 run_end = offset + len;
                 drop(earlies);
+                if !send_failed && run_len / WRITE_BACK_EVERY > (run_len - len) / WRITE_BACK_EVERY {
+                    write_back_early(&fs, &remote, file.ino);
+                }
                 if let Some(fs) = fs.upgrade() {
                     // Anything fetched while this write was on its way may predate it.
                     fs.attrs_changed(file.ino, None);

@@ -2189,6 +2189,38 @@ async fn wb_times_set_behind_queued_writes_show_their_size() {
     );
 }
 
+/// A long write through one descriptor has the server write the file back to its disk as it
+/// goes, once per `WRITE_BACK_EVERY` bytes of the run, so that an `fsync` at its end (`dd
+/// conv=fsync`) finds little left; a small file never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_long_run_is_written_back_early_a_small_file_is_not() {
+    use super::file::WRITE_BACK_EVERY;
+    let h = Harness::new();
+    let (_, fh) = create_excl(&h, "small").await;
+    h.write(fh, 0, &[1; 1 << 20]).await;
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let (_, fh) = create_excl(&h, "long").await;
+    let chunk = vec![2u8; 1 << 20];
+    let total = 2 * WRITE_BACK_EVERY + chunk.len() as u64;
+    for at in (0..total).step_by(chunk.len()) {
+        h.write(fh, at, &chunk).await;
+    }
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    // Sent from tasks of their own, which nothing waits for: wait for them here.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while h.plan.calls(ROp::WriteBackEarly) < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        h.plan.calls(ROp::WriteBackEarly),
+        2,
+        "one early write-back per {WRITE_BACK_EVERY} bytes of the run, none for the small file"
+    );
+    assert_eq!(h.meta("long").len(), total);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_o_append() {
     let h = Harness::new();

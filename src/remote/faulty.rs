@@ -62,6 +62,8 @@ pub enum Op {
     /// `write`/`write_queued` on a handle opened by `open_alongside`.
     LaneWrite,
     Fsync,
+    /// `write_back_early`: a file's data flushed ahead of its `fsync`.
+    WriteBackEarly,
     Close,
     Remove,
     Mkdir,
@@ -78,7 +80,7 @@ pub enum Op {
 }
 
 impl Op {
-    pub const ALL: [Op; 25] = [
+    pub const ALL: [Op; 26] = [
         Op::Lstat,
         Op::Stat,
         Op::Fstat,
@@ -92,6 +94,7 @@ impl Op {
         Op::Write,
         Op::LaneWrite,
         Op::Fsync,
+        Op::WriteBackEarly,
         Op::Close,
         Op::Remove,
         Op::Mkdir,
@@ -1056,6 +1059,11 @@ impl<R: Remote> Remote for FaultyRemote<R> {
     async fn fsync(&self, handle: &Self::Handle) -> RemoteResult<()> {
         self.after_writes_on(handle).await;
         self.forward_handle(Op::Fsync, handle, || self.inner.fsync(&handle.inner))
+            .await
+    }
+
+    async fn write_back_early(&self, path: &Path) -> RemoteResult<()> {
+        self.forward(Op::WriteBackEarly, || self.inner.write_back_early(path))
             .await
     }
 

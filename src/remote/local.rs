@@ -635,6 +635,17 @@ impl Remote for LocalRemote {
         blocking(move || file.sync_all().map_err(io_error)).await
     }
 
+    async fn write_back_early(&self, path: &Path) -> RemoteResult<()> {
+        // What the SFTP remote has the server do: open read-only, fsync, close.
+        let path = path.to_owned();
+        blocking(move || {
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io_error)
+        })
+        .await
+    }
+
     async fn close(&self, handle: &LocalHandle) -> RemoteResult<()> {
         // handle_close sets ENOENT for an unknown handle.
         let file = handle

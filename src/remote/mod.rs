@@ -459,6 +459,15 @@ pub trait Remote: Send + Sync + 'static {
         }
     }
     fn fsync(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
+    /// Have the server write what it holds of the file at `path` to its disk now, so that an
+    /// `fsync` at the end of a long write finds less left to do. A hint, sent while the file
+    /// is still being written: it changes nothing anyone can see, no request of the mount's
+    /// waits for it, and its failure is nobody's to report (the file's own `fsync` sees a
+    /// failed disk write all the same). The default does nothing.
+    fn write_back_early(&self, path: &Path) -> impl Future<Output = RemoteResult<()>> + Send {
+        let _ = path;
+        async { Ok(()) }
+    }
     /// Open `path` for reading (never creating) where a server-side copy can pair the new
     /// handle with `beside` (SFTP handles belong to one `sftp-server` process: the same
     /// channel), together with the attributes of the path itself (LSTAT: a symlink shows as

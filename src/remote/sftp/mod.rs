@@ -127,6 +127,11 @@ struct Connection {
     rr: AtomicUsize,
     /// The channel [`Connection::pick`] chose last.
     last_picked: AtomicUsize,
+    /// The channel for [`SftpRemote::write_back_early`], opened at its first use (None: it
+    /// could not be, and none is tried again on this connection).
+    write_back: tokio::sync::OnceCell<Option<SftpChannel>>,
+    /// A `write_back_early` is on its way on this connection.
+    writing_back: AtomicBool,
 }
 
 impl Connection {
@@ -235,7 +240,30 @@ impl Connection {
             limits,
             rr: AtomicUsize::new(0),
             last_picked: AtomicUsize::new(0),
+            write_back: tokio::sync::OnceCell::new(),
+            writing_back: AtomicBool::new(false),
         })
+    }
+
+    /// The channel early write-backs go on: one of their own, since its sftp-server does
+    /// nothing else while it is in `fsync(2)`, and the others carry the file's writes (its
+    /// lanes take every channel). Opened at the first one: a mount that never writes a long
+    /// file never has the extra sftp-server. None if it cannot be opened (the server's
+    /// `MaxSessions`, say): then this connection writes nothing back early.
+    async fn write_back_channel(&self) -> Option<&SftpChannel> {
+        self.write_back
+            .get_or_init(|| async {
+                let index = self.channels.len();
+                match SftpChannel::open(&self.ssh, index, self.death.clone()).await {
+                    Ok(ch) => Some(ch),
+                    Err(e) => {
+                        debug!("no SFTP channel for early write-back: {e:?}");
+                        None
+                    }
+                }
+            })
+            .await
+            .as_ref()
     }
 
     fn is_dead(&self) -> bool {
@@ -1187,6 +1215,34 @@ impl Remote for SftpRemote {
             })
             .await?;
         expect_ok(codec::EXT_FSYNC, r)
+    }
+
+    /// OPEN (read-only), fsync@openssh.com and CLOSE of `path` on the connection's own
+    /// write-back channel, one at a time per connection (a second call while one is on its
+    /// way returns at once: the one on its way writes back what is there when it reaches the
+    /// server, and the file's next turn comes soon enough). By path: a file replaced on the
+    /// server meanwhile is written back instead, which is harmless, and nothing is read.
+    async fn write_back_early(&self, path: &Path) -> RemoteResult<()> {
+        let c = self.inner.current();
+        if !c.ext.fsync || c.is_dead() || c.writing_back.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        struct Done<'a>(&'a AtomicBool);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _done = Done(&c.writing_back);
+        let Some(ch) = c.write_back_channel().await else {
+            return Ok(());
+        };
+        let open = open_request(path, OpenFlags::read_only(), 0);
+        let raw = expect_handle(open.name(), ch.request(&open).await?)?;
+        let synced = ch.request(&Request::Fsync { handle: &raw }).await;
+        let closed = ch.request(&Request::Close { handle: &raw }).await;
+        expect_ok(codec::EXT_FSYNC, synced?)?;
+        expect_ok("CLOSE", closed?)
     }
 
     /// OPEN and LSTAT together on `beside`'s channel (see `open_lstat_on`).
