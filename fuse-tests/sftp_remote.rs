@@ -91,12 +91,8 @@ async fn every_operation() {
     assert_eq!(a.mode.unwrap() & 0o777, 0o640);
     assert_eq!(a.file_type(), FileKind::File);
     r.fsync(&h).await.unwrap();
-    // write_back_early: by path (on a channel of its own), changing nothing
+    // write_back_early changes nothing (see write_back_early_on_a_channel_of_its_own)
     r.write_back_early(&p("d/f")).await.unwrap();
-    assert_eq!(
-        status(r.write_back_early(&p("d/missing")).await.unwrap_err()),
-        Status::NoSuchFile
-    );
     assert_eq!(&r.read(&h, 0, 100).await.unwrap()[..], b"hello there");
     // fsetstat: truncate and chmod
     r.fsetstat(
@@ -1346,4 +1342,51 @@ async fn a_connection_lost_during_authentication_is_not_a_refusal() {
     assert!(cut.await.unwrap() > 0);
     // (A key the server does not have is still a refusal: see the authentication test above.)
     assert_eq!(e.kind(), ConnectErrorKind::Network, "{e}");
+}
+
+/// Early write-back (`Remote::write_back_early`) goes on an SFTP channel of its own, opened at
+/// the first one (its sftp-server blocks in `fsync(2)` while the file's writes go on over the
+/// others), and kept; a path that is gone or is no regular file is nothing to write back.
+/// That channel carries only hints: its end does not end the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_early_on_a_channel_of_its_own() {
+    let sshd = TestSshd::start();
+    let r = connect(&sshd).await;
+    let file = sshd.export_dir.join("f");
+    std::fs::write(&file, b"data").unwrap();
+    let before = sshd.sftp_server_pids();
+    assert_eq!(before.len(), 4, "one sftp-server per channel");
+    r.write_back_early(&file).await.unwrap();
+    let after = sshd.sftp_server_pids();
+    assert_eq!(after.len(), 5, "no channel of its own was opened");
+    r.write_back_early(&file).await.unwrap();
+    assert_eq!(
+        sshd.sftp_server_pids().len(),
+        5,
+        "a second one opened another"
+    );
+    r.write_back_early(&sshd.export_dir.join("missing"))
+        .await
+        .unwrap();
+    r.write_back_early(&sshd.export_dir).await.unwrap();
+    assert_eq!(std::fs::read(&file).unwrap(), b"data");
+
+    let extra: Vec<i32> = after.into_iter().filter(|p| !before.contains(p)).collect();
+    assert_eq!(extra.len(), 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(extra[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let gone = Instant::now() + Duration::from_secs(30);
+    while sshd.sftp_server_pids().len() > 4 && Instant::now() < gone {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its requests fail now; that is nothing to report either.
+    r.write_back_early(&file).await.unwrap();
+    assert!(
+        r.is_connected(),
+        "the write-back channel's end ended the connection"
+    );
+    assert_eq!(r.lstat(&file).await.unwrap().size, Some(4));
 }

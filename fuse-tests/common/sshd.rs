@@ -250,7 +250,7 @@ impl TestSshd {
     }
 
     /// The SFTP server processes of this sshd (`internal-sftp`, one per SFTP channel).
-    fn sftp_server_pids(&self) -> Vec<i32> {
+    pub fn sftp_server_pids(&self) -> Vec<i32> {
         descendants(self.pid() as i32)
             .into_iter()
             .filter(|pid| {

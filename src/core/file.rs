@@ -563,6 +563,9 @@ pub struct OpenFile<R: Remote> {
     /// whether the server took it is not known here, and `stat` asks the server (see
     /// [`OpenFile::attrs_while_writing`]).
     mode_changed_behind: AtomicBool,
+    /// Times were queued behind this descriptor's writes: the mtime `created_mtime` keeps
+    /// may be one set, which a later write moves to the server's clock.
+    times_set_behind: AtomicBool,
     /// The change clock when a close of this descriptor learnt the attributes its writes
     /// left (asked right behind them, see `Fs::attrs_behind_writes`); 0 if none did. Its
     /// release keeps them unless the file changed through the mount after that.
@@ -591,6 +594,7 @@ impl<R: Remote> OpenFile<R> {
             created: Mutex::new(None),
             created_mtime: Mutex::new(None),
             mode_changed_behind: AtomicBool::new(false),
+            times_set_behind: AtomicBool::new(false),
             attrs_settled_at: AtomicU64::new(0),
         }
     }
@@ -628,8 +632,9 @@ impl<R: Remote> OpenFile<R> {
     /// and `stat` asks the server from then on): the kernel asks for the attributes before
     /// every `chown` (to clear set-id bits), and `tar` and `cp -p` set the times just
     /// before it, so waiting here cost them a round trip per file. A mode change still on
-    /// its way is the server's to show: a tool that checks the mode it set (before putting
-    /// a secret in the file, say) must not be told of one the server refused.
+    /// its way is the server's to show when the kernel asks (a tool's own `stat` right after
+    /// its `chmod` is answered by the kernel from what the `chmod` was answered with; if the
+    /// server refuses it, the kernel is told to drop that: see `setattrs_failed`).
     pub fn attrs_while_writing(&self) -> Option<Attrs> {
         let mut attrs = self.created_attrs()?;
         let pending = self.writes_pending();
@@ -666,6 +671,9 @@ impl<R: Remote> OpenFile<R> {
     pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: SetAttrs) -> bool {
         if attrs.perm.is_some() {
             self.mode_changed_behind.store(true, Ordering::Release);
+        }
+        if attrs.atime_mtime.is_some() {
+            self.times_set_behind.store(true, Ordering::Release);
         }
         let job = WriteJob::SetAttrs {
             file: self.clone(),
@@ -805,8 +813,12 @@ impl<R: Remote> OpenFile<R> {
         data: Bytes,
     ) -> Option<Option<oneshot::Receiver<WriteAnswer>>> {
         if let Some(a) = self.created.lock().unwrap().as_mut() {
-            // The server sets the mtime as the write lands: no longer known here.
-            a.mtime = None;
+            // The server sets the mtime as the write lands: no longer known here. One set
+            // behind the writes is not even a lower bound of it (it may be years back): the
+            // server is asked until the writes are in.
+            if a.mtime.take().is_some() && self.times_set_behind.load(Ordering::Acquire) {
+                *self.created_mtime.lock().unwrap() = None;
+            }
         }
         let end = offset + data.len() as u64;
         let early = match self.failure_untold(Told::Writes) {
@@ -1285,18 +1297,23 @@ fn setattrs_failed<R: Remote>(fs: &Weak<Fs<R>>, file: &OpenFile<R>) {
     if let Some(fs) = fs.upgrade() {
         fs.inodes.lock().unwrap().forget_set_times(file.ino);
         fs.attrs_changed(file.ino, None);
+        // The kernel keeps what the change was answered with for the attribute TTL.
+        fs.kernel_caches.invalidate(vec![file.ino]);
     }
 }
 
-/// Ask the server to write `ino` back to its disk (see [`WRITE_BACK_EVERY`]), not waiting.
+/// Ask the server to write `ino` back to its disk (see [`WRITE_BACK_EVERY`]), not waiting;
+/// a failure is kept for the file's next `fsync`.
 fn write_back_early<R: Remote>(fs: &Weak<Fs<R>>, remote: &Arc<R>, ino: Ino) {
     let Some(path) = fs.upgrade().and_then(|fs| fs.path_of(ino).ok()) else {
         return;
     };
-    let remote = remote.clone();
+    let (fs, remote) = (fs.clone(), remote.clone());
     tokio::spawn(async move {
         if let Err(e) = remote.write_back_early(&path).await {
-            tracing::debug!("early write-back of {} failed: {e}", path.display());
+            if let Some(fs) = fs.upgrade() {
+                fs.write_back_failed(ino, e);
+            }
         }
     });
 }
@@ -1318,6 +1335,9 @@ async fn writer_loop<R: Remote>(
     // The current run of `last`: where it continues and how many bytes it has so far.
     let mut run_end = 0u64;
     let mut run_len = 0u64;
+    // The same run's length for early write-back: unlike `run_len`, not started again when
+    // the lanes could not be opened.
+    let mut written_back_run = 0u64;
     // While `last`'s lanes are in use: where each byte goes.
     let mut placement: Option<Placement<R::Handle>> = None;
     let mut unsettled = Unsettled::default();
@@ -1371,6 +1391,9 @@ async fn writer_loop<R: Remote>(
                     run_len = 0;
                 }
                 let len = data.len() as u64;
+                if !same || offset != run_end {
+                    written_back_run = 0;
+                }
                 let new_run = run_len == 0 || offset != run_end;
                 if new_run {
                     run_len = 0;
@@ -1487,8 +1510,10 @@ async fn writer_loop<R: Remote>(
                 }
                 run_len += len;
                 run_end = offset + len;
+                written_back_run += len;
                 drop(earlies);
-                if !send_failed && run_len / WRITE_BACK_EVERY > (run_len - len) / WRITE_BACK_EVERY {
+                let every = WRITE_BACK_EVERY;
+                if !send_failed && written_back_run / every > (written_back_run - len) / every {
                     write_back_early(&fs, &remote, file.ino);
                 }
                 if let Some(fs) = fs.upgrade() {

@@ -310,6 +310,9 @@ pub struct Fs<R: Remote> {
     files: Mutex<HashMap<u64, Arc<OpenFile<R>>>>,
     /// The write queue of each file with open descriptors (shared by them all).
     streams: Mutex<HashMap<Ino, std::sync::Weak<WriteStream<R>>>>,
+    /// Files whose early write-back (see `file::WRITE_BACK_EVERY`) the server failed, with
+    /// its answer: for the file's next `fsync` to report.
+    write_back_failures: Mutex<HashMap<Ino, RemoteError>>,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
     enforcer: Arc<Enforcer>,
@@ -510,6 +513,7 @@ impl<R: Remote> Fs<R> {
             specials: Mutex::new(Specials::default()),
             files: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
+            write_back_failures: Mutex::new(HashMap::new()),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             enforcer,
@@ -3748,6 +3752,37 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn fsync(self: &Arc<Self>, fh: u64) -> FsResult<()> {
+        self.fsync_writes(fh).await?;
+        let Ok(file) = self.file(fh) else {
+            return Ok(());
+        };
+        // The server failed an early write-back of the file: what was written may not be on
+        // its disk. Its own answer to this fsync may not say so (it tells one fsync per
+        // descriptor open when the disk write failed, and this handle may be newer).
+        let failed = self.write_back_failures.lock().unwrap().remove(&file.ino);
+        match failed {
+            Some(e) => {
+                let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
+                Err(FsError::new(
+                    libc::EIO,
+                    format!(
+                        "fsync {}: the server failed to write the file to its disk ({e})",
+                        path.display()
+                    ),
+                ))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// The server failed to write `ino` back to its disk early: reported by its next fsync.
+    pub(crate) fn write_back_failed(&self, ino: Ino, e: RemoteError) {
+        tracing::warn!(ino, "the server failed to write a file to its disk: {e}");
+        self.write_back_failures.lock().unwrap().insert(ino, e);
+    }
+
+    /// fsync's writes: every earlier write answered, then the server's fsync of the handle.
+    async fn fsync_writes(self: &Arc<Self>, fh: u64) -> FsResult<()> {
         if self.snapshot(fh).is_some() {
             // Opened for reading and never written through: nothing of ours to sync.
             return Ok(());

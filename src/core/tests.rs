@@ -2221,6 +2221,45 @@ async fn wb_a_long_run_is_written_back_early_a_small_file_is_not() {
     assert_eq!(h.meta("long").len(), total);
 }
 
+/// An early write-back the server failed (its fsync: the disk write failed) is reported by
+/// the file's next fsync, even through a descriptor opened after it (which the server's own
+/// fsync would not tell), and only once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
+    use super::file::WRITE_BACK_EVERY;
+    let h = Harness::new();
+    h.plan.fail_next(
+        ROp::WriteBackEarly,
+        1,
+        RemoteError::Status(Status::Failure, "I/O error".into()),
+    );
+    let (ino, fh) = create_excl(&h, "long").await;
+    let chunk = vec![3u8; 1 << 20];
+    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
+        h.write(fh, at, &chunk).await;
+    }
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while h.plan.calls(ROp::WriteBackEarly) < 1 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let fh = h.open(ino, libc::O_WRONLY).await;
+    // (Its task records the failure right after the call is counted: give it the time.)
+    let mut result = h.fs.fsync(fh).await;
+    while result.is_ok() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        result = h.fs.fsync(fh).await;
+    }
+    assert_eq!(
+        result.map_err(|e| e.errno),
+        Err(libc::EIO),
+        "the failed write-back was not reported"
+    );
+    h.fs.fsync(fh).await.expect("reported twice");
+    h.fs.release(fh).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_o_append() {
     let h = Harness::new();
@@ -6242,7 +6281,10 @@ async fn behind_a_stat_after_times_does_not_wait_but_one_after_a_chmod_does() {
     let quick = Duration::from_secs(10);
     for (what, req) in [("times", None), ("a same-owner chown", Some(keep_owner))] {
         if let Some(req) = req {
-            h.fs.setattr(ino, None, req).await.unwrap();
+            tokio::time::timeout(quick, h.fs.setattr(ino, None, req))
+                .await
+                .expect("the same-owner chown waited for the held FSETSTAT")
+                .unwrap();
         }
         let (a, ttl) = tokio::time::timeout(quick, h.fs.getattr(ino, Some(fh)))
             .await
@@ -6263,6 +6305,32 @@ async fn behind_a_stat_after_times_does_not_wait_but_one_after_a_chmod_does() {
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.meta("f").mode() & 0o7777, 0o751);
+}
+
+/// Times set behind the writes, then more writes: the server moves the mtime as they land,
+/// to its clock, so a `stat` meanwhile asks the server (waiting for them) instead of showing
+/// the mtime that was set (which may be years back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_a_write_after_times_set_makes_a_stat_ask_the_server() {
+    let h = Harness::new();
+    let (ino, fh) = create_excl(&h, "f").await;
+    h.write(fh, 0, b"first").await;
+    h.fs.setattr(ino, None, times(None, at(1_000_000)))
+        .await
+        .unwrap();
+    h.plan.hold(ROp::Write);
+    h.write(fh, 5, b" then more").await;
+    let mut stat = Box::pin(h.fs.getattr(ino, Some(fh)));
+    assert!(
+        answered_at_once(&mut stat).is_none(),
+        "answered the mtime that was set while a write that moves it was held"
+    );
+    h.plan.release(ROp::Write);
+    let (a, _) = stat.await.unwrap();
+    assert_eq!(a.size, 15);
+    assert_ne!(secs(a.mtime), 1_000_000, "the write moved the mtime");
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
 }
 
 /// A change behind the writes that the server refuses is reported like a failed write: by

@@ -636,12 +636,15 @@ impl Remote for LocalRemote {
     }
 
     async fn write_back_early(&self, path: &Path) -> RemoteResult<()> {
-        // What the SFTP remote has the server do: open read-only, fsync, close.
+        // What the SFTP remote has the server do: open read-only (a regular file only, and
+        // not opened: nothing to do), fsync, close.
         let path = path.to_owned();
         blocking(move || {
-            File::open(&path)
-                .and_then(|f| f.sync_all())
-                .map_err(io_error)
+            let regular = fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file());
+            match File::open(&path) {
+                Ok(f) if regular => f.sync_all().map_err(io_error),
+                _ => Ok(()),
+            }
         })
         .await
     }

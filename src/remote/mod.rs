@@ -461,9 +461,13 @@ pub trait Remote: Send + Sync + 'static {
     fn fsync(&self, handle: &Self::Handle) -> impl Future<Output = RemoteResult<()>> + Send;
     /// Have the server write what it holds of the file at `path` to its disk now, so that an
     /// `fsync` at the end of a long write finds less left to do. A hint, sent while the file
-    /// is still being written: it changes nothing anyone can see, no request of the mount's
-    /// waits for it, and its failure is nobody's to report (the file's own `fsync` sees a
-    /// failed disk write all the same). The default does nothing.
+    /// is still being written: it changes nothing anyone can see, and no request of the
+    /// mount's waits for it. Err: the server's `fsync` of the file failed, so data written to
+    /// it may not be on its disk; the caller keeps that for the file's next `fsync` (the
+    /// server reports a failed disk write to one `fsync` per descriptor open when it
+    /// happened, not to one opened later). Anything else (the file is gone or is no regular
+    /// file any more, another write-back is on its way, the server cannot `fsync`, the
+    /// connection went) is Ok: nothing done, nothing to report. The default does nothing.
     fn write_back_early(&self, path: &Path) -> impl Future<Output = RemoteResult<()>> + Send {
         let _ = path;
         async { Ok(()) }

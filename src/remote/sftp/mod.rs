@@ -32,7 +32,7 @@ use std::sync::{Arc, RwLock, Weak};
 
 use bytes::Bytes;
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 pub use config::{CertificateSource, HostKeyPolicy, Identity, ReconnectPolicy, SshConfig};
@@ -42,8 +42,8 @@ use self::channel::{DeathSignal, PendingReply, SftpChannel, StartError};
 use self::codec::{Request, Response};
 use self::connect::SshHandle;
 use crate::remote::{
-    Along, Attrs, DirEntry, Limits, OpenFlags, Remote, RemoteError, RemoteResult, RenameMode,
-    SetAttrs, StatVfs, Status, WriteAck,
+    Along, Attrs, DirEntry, FileKind, Limits, OpenFlags, Remote, RemoteError, RemoteResult,
+    RenameMode, SetAttrs, StatVfs, Status, WriteAck,
 };
 
 /// Largest READ/WRITE payload we ever use: 255 KiB, so a WRITE packet with its header stays
@@ -248,16 +248,25 @@ impl Connection {
     /// The channel early write-backs go on: one of their own, since its sftp-server does
     /// nothing else while it is in `fsync(2)`, and the others carry the file's writes (its
     /// lanes take every channel). Opened at the first one: a mount that never writes a long
-    /// file never has the extra sftp-server. None if it cannot be opened (the server's
-    /// `MaxSessions`, say): then this connection writes nothing back early.
-    async fn write_back_channel(&self) -> Option<&SftpChannel> {
+    /// file never has the extra sftp-server. It has a death signal of its own: it carries
+    /// nothing but hints, so its end (its sftp-server gone, sshd closing it while idle) must
+    /// not end the connection; its requests then fail, and write-backs stop for this
+    /// connection (a lost connection fails them too: the SSH session's end closes it). None
+    /// if it cannot be opened within `timeout` (the server's `MaxSessions`, say): this
+    /// connection writes nothing back early.
+    async fn write_back_channel(&self, timeout: Duration) -> Option<&SftpChannel> {
         self.write_back
             .get_or_init(|| async {
                 let index = self.channels.len();
-                match SftpChannel::open(&self.ssh, index, self.death.clone()).await {
-                    Ok(ch) => Some(ch),
-                    Err(e) => {
+                let open = SftpChannel::open(&self.ssh, index, DeathSignal::new());
+                match tokio::time::timeout(timeout, open).await {
+                    Ok(Ok(ch)) => Some(ch),
+                    Ok(Err(e)) => {
                         debug!("no SFTP channel for early write-back: {e:?}");
+                        None
+                    }
+                    Err(_) => {
+                        debug!("no SFTP channel for early write-back: timed out");
                         None
                     }
                 }
@@ -772,7 +781,7 @@ impl SftpRemote {
             .await
             .map_err(|e| classify(e, "resolve"))?;
         let attrs = self.stat(&real).await.map_err(|e| classify(e, "stat"))?;
-        if attrs.file_type() != crate::remote::FileKind::Dir {
+        if attrs.file_type() != FileKind::Dir {
             return Err(ConnectError::new(
                 ConnectErrorKind::NoSuchRemoteDir,
                 format!(
@@ -1217,11 +1226,13 @@ impl Remote for SftpRemote {
         expect_ok(codec::EXT_FSYNC, r)
     }
 
-    /// OPEN (read-only), fsync@openssh.com and CLOSE of `path` on the connection's own
+    /// LSTAT, OPEN (read-only), fsync@openssh.com and CLOSE of `path` on the connection's own
     /// write-back channel, one at a time per connection (a second call while one is on its
     /// way returns at once: the one on its way writes back what is there when it reaches the
-    /// server, and the file's next turn comes soon enough). By path: a file replaced on the
-    /// server meanwhile is written back instead, which is harmless, and nothing is read.
+    /// server, and the file's next turn comes soon enough). By path: a file put in its place
+    /// on the server meanwhile is written back instead, which is harmless (nothing is read);
+    /// anything but a regular file is left alone (opening a FIFO would block the channel's
+    /// sftp-server for good).
     async fn write_back_early(&self, path: &Path) -> RemoteResult<()> {
         let c = self.inner.current();
         if !c.ext.fsync || c.is_dead() || c.writing_back.swap(true, Ordering::AcqRel) {
@@ -1234,15 +1245,33 @@ impl Remote for SftpRemote {
             }
         }
         let _done = Done(&c.writing_back);
-        let Some(ch) = c.write_back_channel().await else {
+        let Some(ch) = c.write_back_channel(self.inner.cfg.connect_timeout).await else {
             return Ok(());
         };
+        // Not there any more (renamed, removed), not a regular file, or the channel or the
+        // connection gone: nothing to write back, nothing to report.
+        let regular = match ch.request(&Request::Lstat { path }).await {
+            Ok(r) => expect_attrs("LSTAT", r).is_ok_and(|a| a.file_type() == FileKind::File),
+            Err(_) => false,
+        };
         let open = open_request(path, OpenFlags::read_only(), 0);
-        let raw = expect_handle(open.name(), ch.request(&open).await?)?;
+        let raw = match regular {
+            true => ch
+                .request(&open)
+                .await
+                .and_then(|r| expect_handle(open.name(), r)),
+            false => return Ok(()),
+        };
+        let Ok(raw) = raw else {
+            return Ok(());
+        };
         let synced = ch.request(&Request::Fsync { handle: &raw }).await;
-        let closed = ch.request(&Request::Close { handle: &raw }).await;
-        expect_ok(codec::EXT_FSYNC, synced?)?;
-        expect_ok("CLOSE", closed?)
+        // (A failed CLOSE leaves a handle on a channel that holds nothing else.)
+        let _ = ch.request(&Request::Close { handle: &raw }).await;
+        match synced {
+            Ok(r) => expect_ok(codec::EXT_FSYNC, r),
+            Err(_) => Ok(()),
+        }
     }
 
     /// OPEN and LSTAT together on `beside`'s channel (see `open_lstat_on`).
