@@ -1439,6 +1439,8 @@ impl<R: Remote> Fs<R> {
             self.cache.lock().unwrap().forget_inode(ino);
             if self.any_open_file(ino).is_none() {
                 self.enforcer.quota.forget(ino);
+                // Nobody can fsync it any more (inode numbers are not reused).
+                self.write_back_failures.lock().unwrap().remove(&ino);
             }
         }
     }
@@ -3752,15 +3754,17 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn fsync(self: &Arc<Self>, fh: u64) -> FsResult<()> {
-        self.fsync_writes(fh).await?;
+        let synced = self.fsync_writes(fh).await;
         let Ok(file) = self.file(fh) else {
-            return Ok(());
+            return synced;
         };
         // The server failed an early write-back of the file: what was written may not be on
         // its disk. Its own answer to this fsync may not say so (it tells one fsync per
-        // descriptor open when the disk write failed, and this handle may be newer).
+        // descriptor open when the disk write failed, and this handle may be newer). Reported
+        // once: by this fsync's own failure if it failed (the server told this handle).
         let failed = self.write_back_failures.lock().unwrap().remove(&file.ino);
         match failed {
+            _ if synced.is_err() => synced,
             Some(e) => {
                 let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
                 Err(FsError::new(

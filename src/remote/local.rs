@@ -640,10 +640,12 @@ impl Remote for LocalRemote {
         // not opened: nothing to do), fsync, close.
         let path = path.to_owned();
         blocking(move || {
-            let regular = fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file());
+            if !fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_file()) {
+                return Ok(());
+            }
             match File::open(&path) {
-                Ok(f) if regular => f.sync_all().map_err(io_error),
-                _ => Ok(()),
+                Ok(f) => f.sync_all().map_err(io_error),
+                Err(_) => Ok(()),
             }
         })
         .await

@@ -46,6 +46,10 @@ use crate::remote::{
     RenameMode, SetAttrs, StatVfs, Status, WriteAck,
 };
 
+/// How long an early write-back may take before it is given up on (see
+/// `SftpRemote::write_back_early`).
+const WRITE_BACK_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Largest READ/WRITE payload we ever use: 255 KiB, so a WRITE packet with its header stays
 /// under OpenSSH's 256 KiB packet limit.
 pub const MAX_IO_SIZE: u32 = 255 * 1024;
@@ -933,6 +937,37 @@ impl SftpRemote {
         Ok((handle, attrs_answer("LSTAT", stat).await))
     }
 
+    /// LSTAT, OPEN, fsync, CLOSE for [`SftpRemote::write_back_early`].
+    async fn write_back_on(&self, c: &Connection, path: &Path) -> RemoteResult<()> {
+        let Some(ch) = c.write_back_channel(self.inner.cfg.connect_timeout).await else {
+            return Ok(());
+        };
+        // Not there any more (renamed, removed), not a regular file, or the channel or the
+        // connection gone: nothing to write back, nothing to report.
+        let regular = match ch.request(&Request::Lstat { path }).await {
+            Ok(r) => expect_attrs("LSTAT", r).is_ok_and(|a| a.file_type() == FileKind::File),
+            Err(_) => false,
+        };
+        let open = open_request(path, OpenFlags::read_only(), 0);
+        let raw = match regular {
+            true => ch
+                .request(&open)
+                .await
+                .and_then(|r| expect_handle(open.name(), r)),
+            false => return Ok(()),
+        };
+        let Ok(raw) = raw else {
+            return Ok(());
+        };
+        let synced = ch.request(&Request::Fsync { handle: &raw }).await;
+        // (A failed CLOSE leaves a handle on a channel that holds nothing else.)
+        let _ = ch.request(&Request::Close { handle: &raw }).await;
+        match synced {
+            Ok(r) => expect_ok(codec::EXT_FSYNC, r),
+            Err(_) => Ok(()),
+        }
+    }
+
     fn channel_index(c: &Connection, ch: &SftpChannel) -> usize {
         c.channels
             .iter()
@@ -1245,32 +1280,16 @@ impl Remote for SftpRemote {
             }
         }
         let _done = Done(&c.writing_back);
-        let Some(ch) = c.write_back_channel(self.inner.cfg.connect_timeout).await else {
-            return Ok(());
-        };
-        // Not there any more (renamed, removed), not a regular file, or the channel or the
-        // connection gone: nothing to write back, nothing to report.
-        let regular = match ch.request(&Request::Lstat { path }).await {
-            Ok(r) => expect_attrs("LSTAT", r).is_ok_and(|a| a.file_type() == FileKind::File),
-            Err(_) => false,
-        };
-        let open = open_request(path, OpenFlags::read_only(), 0);
-        let raw = match regular {
-            true => ch
-                .request(&open)
-                .await
-                .and_then(|r| expect_handle(open.name(), r)),
-            false => return Ok(()),
-        };
-        let Ok(raw) = raw else {
-            return Ok(());
-        };
-        let synced = ch.request(&Request::Fsync { handle: &raw }).await;
-        // (A failed CLOSE leaves a handle on a channel that holds nothing else.)
-        let _ = ch.request(&Request::Close { handle: &raw }).await;
-        match synced {
-            Ok(r) => expect_ok(codec::EXT_FSYNC, r),
-            Err(_) => Ok(()),
+        // Bounded, generously (a long file on a slow disk takes its time): a server that
+        // never answers (a FIFO put in the file's place between LSTAT and OPEN blocks its
+        // sftp-server in open(2)) must not hold this connection, or stop write-backs, for good.
+        let sequence = self.write_back_on(&c, path);
+        match tokio::time::timeout(WRITE_BACK_TIMEOUT, sequence).await {
+            Ok(result) => result,
+            Err(_) => {
+                debug!("early write-back of {} unanswered", path.display());
+                Ok(())
+            }
         }
     }
 
