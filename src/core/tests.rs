@@ -2257,6 +2257,31 @@ async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
         "the failed write-back was not reported"
     );
     h.fs.fsync(fh).await.expect("reported twice");
+
+    // When the server's own fsync of the handle fails too, that failure is the report.
+    h.plan.fail_next(
+        ROp::WriteBackEarly,
+        1,
+        RemoteError::Status(Status::Failure, "I/O error".into()),
+    );
+    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
+        h.write(fh, at, &chunk).await;
+    }
+    h.fs.flush(fh).await.unwrap();
+    while !h.fs.write_back_failures.lock().unwrap().contains_key(&ino)
+        && std::time::Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    h.plan.fail_next(
+        ROp::Fsync,
+        1,
+        RemoteError::Status(Status::Failure, "I/O error".into()),
+    );
+    assert!(h.fs.fsync(fh).await.is_err(), "the server's fsync failure");
+    h.fs.fsync(fh)
+        .await
+        .expect("the write-back failure reported again");
     h.fs.release(fh).await.unwrap();
 }
 
