@@ -948,15 +948,12 @@ impl SftpRemote {
             Ok(r) => expect_attrs("LSTAT", r).is_ok_and(|a| a.file_type() == FileKind::File),
             Err(_) => false,
         };
+        if !regular {
+            return Ok(());
+        }
         let open = open_request(path, OpenFlags::read_only(), 0);
-        let raw = match regular {
-            true => ch
-                .request(&open)
-                .await
-                .and_then(|r| expect_handle(open.name(), r)),
-            false => return Ok(()),
-        };
-        let Ok(raw) = raw else {
+        let opened = ch.request(&open).await;
+        let Ok(raw) = opened.and_then(|r| expect_handle(open.name(), r)) else {
             return Ok(());
         };
         let synced = ch.request(&Request::Fsync { handle: &raw }).await;
