@@ -2209,10 +2209,10 @@ async fn wb_a_long_run_is_written_back_early_a_small_file_is_not() {
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     // Sent from tasks of their own, which nothing waits for: wait for them here.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while h.plan.calls(ROp::WriteBackEarly) < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("two early write-backs", || {
+        h.plan.calls(ROp::WriteBackEarly) >= 2
+    })
+    .await;
     assert_eq!(
         h.plan.calls(ROp::WriteBackEarly),
         2,
@@ -2240,19 +2240,12 @@ async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
     }
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while h.plan.calls(ROp::WriteBackEarly) < 1 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // Its task, which nothing waits for, records the failure.
+    let recorded = || h.fs.write_back_failures.lock().unwrap().contains_key(&ino);
+    eventually("the failed write-back recorded", recorded).await;
     let fh = h.open(ino, libc::O_WRONLY).await;
-    // (Its task records the failure right after the call is counted: give it the time.)
-    let mut result = h.fs.fsync(fh).await;
-    while result.is_ok() && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        result = h.fs.fsync(fh).await;
-    }
     assert_eq!(
-        result.map_err(|e| e.errno),
+        h.fs.fsync(fh).await.map_err(|e| e.errno),
         Err(libc::EIO),
         "the failed write-back was not reported"
     );
@@ -2268,11 +2261,7 @@ async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
         h.write(fh, at, &chunk).await;
     }
     h.fs.flush(fh).await.unwrap();
-    while !h.fs.write_back_failures.lock().unwrap().contains_key(&ino)
-        && std::time::Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually("the second failed write-back recorded", recorded).await;
     h.plan.fail_next(
         ROp::Fsync,
         1,
