@@ -116,7 +116,8 @@ pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 /// conv=fsync`, `cp` then `sync`, a database, a package manager): without this, the server
 /// wrote all of it to its disk then, after the transfer (a 256 MiB file: 0.4 s on the test
 /// machine's disk, a third of the `dd`); with it, the disk works while the data comes.
-/// Small files never reach it.
+/// Small files never reach it. A long write closed without `fsync` turns it off for the
+/// mount until an `fsync` shows it is wanted again (`write_back::EarlyWriteBack`).
 pub const WRITE_BACK_EVERY: u64 = 32 * 1024 * 1024;
 
 /// Most handles (the descriptor's own included) one descriptor's writes are spread over.
@@ -1302,17 +1303,24 @@ fn setattrs_failed<R: Remote>(fs: &Weak<Fs<R>>, file: &OpenFile<R>) {
     }
 }
 
-/// Ask the server to write `ino` back to its disk (see [`WRITE_BACK_EVERY`]), not waiting;
-/// a failure is kept for the file's next `fsync`.
+/// Ask the server to write `ino` back to its disk (see [`WRITE_BACK_EVERY`]), not waiting,
+/// unless the mount's writers showed it does not pay (`write_back::EarlyWriteBack`); a
+/// failure is kept for the file's next `fsync`.
 fn write_back_early<R: Remote>(fs: &Weak<Fs<R>>, remote: &Arc<R>, ino: Ino) {
-    let Some(path) = fs.upgrade().and_then(|fs| fs.path_of(ino).ok()) else {
+    let Some(fs) = fs.upgrade() else {
         return;
     };
-    let (fs, remote) = (fs.clone(), remote.clone());
+    if !fs.early_write_back.due(ino) {
+        return;
+    }
+    let Ok(path) = fs.path_of(ino) else {
+        return;
+    };
+    let (fs, remote) = (Arc::downgrade(&fs), remote.clone());
     tokio::spawn(async move {
         if let Err(e) = remote.write_back_early(&path).await {
             if let Some(fs) = fs.upgrade() {
-                fs.write_back_failed(ino, e);
+                fs.early_write_back.failed(ino, e);
             }
         }
     });

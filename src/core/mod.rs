@@ -18,6 +18,7 @@ pub mod prefetch;
 mod remove_behind;
 mod specials;
 mod walk_ahead;
+mod write_back;
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -310,9 +311,9 @@ pub struct Fs<R: Remote> {
     files: Mutex<HashMap<u64, Arc<OpenFile<R>>>>,
     /// The write queue of each file with open descriptors (shared by them all).
     streams: Mutex<HashMap<Ino, std::sync::Weak<WriteStream<R>>>>,
-    /// Files whose early write-back (see `file::WRITE_BACK_EVERY`) the server failed, with
-    /// its answer: for the file's next `fsync` to report.
-    write_back_failures: Mutex<HashMap<Ino, RemoteError>>,
+    /// When to write long writes back early (see `file::WRITE_BACK_EVERY`), and the failures
+    /// of those write-backs for the next `fsync` to report.
+    early_write_back: write_back::EarlyWriteBack,
     dirs: Mutex<HashMap<u64, Arc<DirHandle>>>,
     next_fh: AtomicU64,
     enforcer: Arc<Enforcer>,
@@ -513,7 +514,7 @@ impl<R: Remote> Fs<R> {
             specials: Mutex::new(Specials::default()),
             files: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
-            write_back_failures: Mutex::new(HashMap::new()),
+            early_write_back: write_back::EarlyWriteBack::new(),
             dirs: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             enforcer,
@@ -1439,8 +1440,7 @@ impl<R: Remote> Fs<R> {
             self.cache.lock().unwrap().forget_inode(ino);
             if self.any_open_file(ino).is_none() {
                 self.enforcer.quota.forget(ino);
-                // Nobody can fsync it any more (inode numbers are not reused).
-                self.write_back_failures.lock().unwrap().remove(&ino);
+                self.early_write_back.forget(ino);
             }
         }
     }
@@ -3762,7 +3762,8 @@ impl<R: Remote> Fs<R> {
         // its disk. Its own answer to this fsync may not say so (it tells one fsync per
         // descriptor open when the disk write failed, and this handle may be newer). Reported
         // once: by this fsync's own failure if it failed (the server told this handle).
-        let failed = self.write_back_failures.lock().unwrap().remove(&file.ino);
+        self.early_write_back.fsynced(file.ino);
+        let failed = self.early_write_back.take_failure(file.ino);
         match failed {
             _ if synced.is_err() => synced,
             Some(e) => {
@@ -3777,12 +3778,6 @@ impl<R: Remote> Fs<R> {
             }
             None => Ok(()),
         }
-    }
-
-    /// The server failed to write `ino` back to its disk early: reported by its next fsync.
-    pub(crate) fn write_back_failed(&self, ino: Ino, e: RemoteError) {
-        tracing::warn!(ino, "the server failed to write a file to its disk: {e}");
-        self.write_back_failures.lock().unwrap().insert(ino, e);
     }
 
     /// fsync's writes: every earlier write answered, then the server's fsync of the handle.
@@ -3857,6 +3852,7 @@ impl<R: Remote> Fs<R> {
                 // Last descriptor of the file: its writer task may end.
                 file.stream.stop();
                 streams.remove(&file.ino);
+                self.early_write_back.closed(file.ino);
             }
         }
         if file.flags.write {

@@ -2221,6 +2221,48 @@ async fn wb_a_long_run_is_written_back_early_a_small_file_is_not() {
     assert_eq!(h.meta("long").len(), total);
 }
 
+/// Early write-back follows the mount's writers: a long write closed without `fsync` (`cp` of
+/// a dataset) turns it off, so the next long write is not written back early; an `fsync`
+/// ending a long write (`dd conv=fsync`) turns it on again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_early_write_back_stops_after_a_long_write_closed_without_fsync() {
+    use super::file::WRITE_BACK_EVERY;
+    let h = Harness::new();
+    let chunk = vec![4u8; 1 << 20];
+    // One long write; `fsync` before the close or not.
+    let write_long = |name: &'static str, fsync: bool| {
+        let (h, chunk) = (&h, &chunk);
+        async move {
+            let (_, fh) = create_excl(h, name).await;
+            for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
+                h.write(fh, at, chunk).await;
+            }
+            h.fs.flush(fh).await.unwrap();
+            if fsync {
+                h.fs.fsync(fh).await.unwrap();
+            }
+            h.fs.release(fh).await.unwrap();
+        }
+    };
+    let sent = || h.plan.calls(ROp::WriteBackEarly);
+    write_long("synced", true).await;
+    eventually("the first write-back", || sent() == 1).await;
+    write_long("copied", false).await;
+    eventually("the second write-back", || sent() == 2).await;
+    // Off now: nothing more is sent, however long the wait.
+    write_long("copied-too", false).await;
+    write_long("synced-again", true).await;
+    write_long("synced-once-more", true).await;
+    eventually("the write-back of the last file", || sent() == 3).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        sent(),
+        3,
+        "a long write after one closed without fsync, and the one ended by the next fsync, \
+         are not written back early; the one after that is"
+    );
+}
+
 /// An early write-back the server failed (its fsync: the disk write failed) is reported by
 /// the file's next fsync, even through a descriptor opened after it (which the server's own
 /// fsync would not tell), and only once.
@@ -2241,7 +2283,7 @@ async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     // Its task, which nothing waits for, records the failure.
-    let recorded = || h.fs.write_back_failures.lock().unwrap().contains_key(&ino);
+    let recorded = || h.fs.early_write_back.has_failure(ino);
     eventually("the failed write-back recorded", recorded).await;
     let fh = h.open(ino, libc::O_WRONLY).await;
     assert_eq!(
