@@ -3487,7 +3487,7 @@ impl<R: Remote> Fs<R> {
     /// The kernel's read of `size` bytes at `offset` through `fh`, from the bytes read along
     /// with its open, if they are still good and hold it (or the file ends within them).
     /// Once a read reaches their end, or goes past them, they are dropped.
-    fn read_along_for(&self, fh: u64, offset: u64, size: u32) -> Option<Vec<u8>> {
+    fn read_along_for(&self, fh: u64, offset: u64, size: u32) -> Option<Bytes> {
         let mut along = self.read_along.lock().unwrap();
         let r = along.get(&fh)?;
         // A file that may be another name of this one changed through the mount since the
@@ -3507,14 +3507,17 @@ impl<R: Remote> Fs<R> {
             along.remove(&fh);
             return None;
         }
-        let out = r.data[offset.min(len) as usize..end.min(len) as usize].to_vec();
+        let out = r
+            .data
+            .slice(offset.min(len) as usize..end.min(len) as usize);
         if end >= len {
             along.remove(&fh);
         }
         Some(out)
     }
 
-    pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Vec<u8>> {
+    /// The data comes as the SFTP reply held it when one READ answers it: not copied.
+    pub async fn read(self: &Arc<Self>, fh: u64, offset: u64, size: u32) -> FsResult<Bytes> {
         if let Some(data) = self.read_along_for(fh, offset, size) {
             self.stats
                 .bytes_read
@@ -3528,7 +3531,7 @@ impl<R: Remote> Fs<R> {
             self.stats
                 .bytes_read
                 .fetch_add((end - start) as u64, Ordering::Relaxed);
-            return Ok(snap.data[start..end].to_vec());
+            return Ok(snap.data.slice(start..end));
         }
         let file = self.file(fh)?;
         // Read-your-writes: writes of this file acknowledged to any application (on any
@@ -3587,14 +3590,10 @@ impl<R: Remote> Fs<R> {
         handle: &R::Handle,
         offset: u64,
         size: u32,
-    ) -> Result<Vec<u8>, RemoteError> {
+    ) -> Result<Bytes, RemoteError> {
         let max = self.remote.limits().max_read.max(4096);
         if size <= max {
-            return self
-                .remote
-                .read(handle, offset, size)
-                .await
-                .map(|b| b.to_vec());
+            return self.remote.read(handle, offset, size).await;
         }
         let mut set = tokio::task::JoinSet::new();
         let mut at = 0u32;
@@ -3622,7 +3621,7 @@ impl<R: Remote> Fs<R> {
                 break;
             }
         }
-        Ok(out)
+        Ok(out.into())
     }
 
     /// Queue a write. The ordering point is this synchronous call: writes are queued in the

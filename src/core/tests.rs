@@ -222,7 +222,7 @@ impl Harness {
     }
 
     async fn read(&self, fh: u64, offset: u64, size: u32) -> Vec<u8> {
-        self.fs.read(fh, offset, size).await.unwrap()
+        self.fs.read(fh, offset, size).await.unwrap().to_vec()
     }
 
     async fn size(&self, ino: Ino, fh: Option<u64>) -> u64 {
@@ -1864,7 +1864,7 @@ async fn wb_a_read_through_the_writing_descriptor_goes_behind_its_writes() {
     assert_eq!(
         read.expect("the read waited for the write's answer")
             .unwrap(),
-        b"first-second"
+        &b"first-second"[..]
     );
     let attr = tokio::time::timeout(quick, h.fs.getattr(f, Some(fh))).await;
     assert_eq!(
@@ -1887,7 +1887,7 @@ async fn wb_a_read_through_the_writing_descriptor_goes_behind_its_writes() {
         "a read through another descriptor did not wait for the writes' answers"
     );
     h.plan.release(ROp::Write);
-    assert_eq!(waiting.await.unwrap().unwrap(), b"first-second");
+    assert_eq!(waiting.await.unwrap().unwrap(), &b"first-second"[..]);
     h.fs.release(other).await.unwrap();
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
@@ -2925,7 +2925,7 @@ async fn spread_a_read_goes_behind_own_handle_writes_and_waits_for_lane_writes()
     assert_eq!(
         read.expect("the read waited for the write's answer")
             .unwrap(),
-        b"own"
+        &b"own"[..]
     );
     h.plan.release(ROp::Write);
     h.fs.flush(fh).await.unwrap();
@@ -2944,7 +2944,7 @@ async fn spread_a_read_goes_behind_own_handle_writes_and_waits_for_lane_writes()
         "a read did not wait for a write on its way through a lane"
     );
     h.plan.release(ROp::LaneWrite);
-    assert_eq!(waiting.await.unwrap().unwrap(), b"lane");
+    assert_eq!(waiting.await.unwrap().unwrap(), &b"lane"[..]);
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     assert_eq!(h.open_handles().await, 0);
@@ -3312,8 +3312,8 @@ async fn reconnect_concurrent_reopens_do_not_leak_server_handles() {
     let (fs1, fs2) = (h.fs.clone(), h.fs.clone());
     let r1 = tokio::spawn(async move { fs1.read(fh, 0, 5).await });
     let r2 = tokio::spawn(async move { fs2.read(fh, 5, 5).await });
-    assert_eq!(r1.await.unwrap().unwrap(), b"01234");
-    assert_eq!(r2.await.unwrap().unwrap(), b"56789");
+    assert_eq!(r1.await.unwrap().unwrap(), &b"01234"[..]);
+    assert_eq!(r2.await.unwrap().unwrap(), &b"56789"[..]);
     h.plan.clear_all();
     h.fs.release(fh).await.unwrap();
     assert_eq!(
@@ -6624,8 +6624,14 @@ async fn review_ahead_concurrent_reads_switching_to_the_server() {
     h.plan.set_op_delay(ROp::Open, None);
     let mut want = pattern(102);
     want[..3].copy_from_slice(b"NEW");
-    assert_eq!(a.map_err(|e| e.errno), Ok(want[..3].to_vec()));
-    assert_eq!(b.map_err(|e| e.errno), Ok(want[3..6].to_vec()));
+    assert_eq!(
+        a.map(|d| d.to_vec()).map_err(|e| e.errno),
+        Ok(want[..3].to_vec())
+    );
+    assert_eq!(
+        b.map(|d| d.to_vec()).map_err(|e| e.errno),
+        Ok(want[3..6].to_vec())
+    );
     h.fs.release(reader).await.unwrap();
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
 }
@@ -6645,7 +6651,10 @@ async fn review_ahead_an_open_copy_stays_readable_after_unlink_and_rename_over()
 
     h.fs.unlink(ROOT, os("f2")).await.unwrap();
     assert_eq!(
-        h.fs.read(r2, 0, 4096).await.map_err(|e| e.errno),
+        h.fs.read(r2, 0, 4096)
+            .await
+            .map(|d| d.to_vec())
+            .map_err(|e| e.errno),
         Ok(pattern(102)),
         "read after unlink"
     );
@@ -6657,7 +6666,10 @@ async fn review_ahead_an_open_copy_stays_readable_after_unlink_and_rename_over()
         .await
         .unwrap();
     assert_eq!(
-        h.fs.read(r3, 0, 4096).await.map_err(|e| e.errno),
+        h.fs.read(r3, 0, 4096)
+            .await
+            .map(|d| d.to_vec())
+            .map_err(|e| e.errno),
         Ok(pattern(103)),
         "read after the name was replaced"
     );
