@@ -1570,6 +1570,40 @@ fn open_then_unlink_keeps_the_descriptor_working() {
     assert_eq!(fs::read(m.e("tmpfile")).unwrap(), b"new");
 }
 
+/// Appends through a mount with its caches on, like a shell's `echo >> log`: a `stat` after
+/// each close shows the size and mtime the server has, though the close does not ask for them
+/// (only the server knows where an append landed).
+#[test]
+fn stat_after_each_append_shows_the_servers_size() {
+    let m = TestMount::start(&[]);
+    fs::write(m.e("log"), b"start\n").unwrap();
+    assert_eq!(fs::metadata(m.p("log")).unwrap().len(), 6);
+    for i in 1..=3u64 {
+        let mut f = OpenOptions::new().append(true).open(m.p("log")).unwrap();
+        f.write_all(b"line\n").unwrap();
+        drop(f);
+        let shown = fs::metadata(m.p("log")).unwrap();
+        let server = fs::metadata(m.e("log")).unwrap();
+        assert_eq!(shown.len(), 6 + 5 * i, "after append {i}");
+        assert_eq!((shown.len(), shown.mtime()), (server.len(), server.mtime()));
+    }
+    // Grown on the server meanwhile: the next append lands after that, and shows it.
+    OpenOptions::new()
+        .append(true)
+        .open(m.e("log"))
+        .unwrap()
+        .write_all(b"external\n")
+        .unwrap();
+    let mut f = OpenOptions::new().append(true).open(m.p("log")).unwrap();
+    f.write_all(b"last\n").unwrap();
+    drop(f);
+    assert_eq!(fs::metadata(m.p("log")).unwrap().len(), 21 + 9 + 5);
+    assert_eq!(
+        fs::read_to_string(m.p("log")).unwrap(),
+        "start\nline\nline\nline\nexternal\nlast\n"
+    );
+}
+
 #[test]
 fn append_and_sparse_writes() {
     let m = TestMount::start(&[NO_CACHE]);

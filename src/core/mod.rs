@@ -3713,9 +3713,11 @@ impl<R: Remote> Fs<R> {
     /// `stat` that so often follows (make, pip and Python's bytecode, git, an editor's save)
     /// needs no round trip of its own. They are kept only if nothing else happened meanwhile:
     /// no write sent again after a lost connection, none failed, no other change of the file
-    /// through the mount.
+    /// through the mount. Not for an `O_APPEND` descriptor: appends (a shell's `>>`, a log)
+    /// are seldom `stat`ed after their close, and the FSTAT's answer, after the WRITE's, was
+    /// a tenth of each `echo >> log`; a `stat` after one asks the server.
     async fn attrs_behind_writes(self: &Arc<Self>, file: &Arc<OpenFile<R>>) {
-        if !file.flags.write || !file.writes_pending() {
+        if !file.flags.write || file.flags.append || !file.writes_pending() {
             return;
         }
         // (Writes answered early may still wait for the writer task.)

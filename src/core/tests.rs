@@ -4063,6 +4063,44 @@ async fn setattr_by_path_asks_the_attributes_along() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// The close of an `O_APPEND` descriptor asks no attributes behind its writes (a shell's `>>`
+/// is seldom `stat`ed after; the FSTAT's answer was a tenth of each `echo >> log`): it waits
+/// for the write alone, and a `stat` after it asks the server, which alone knows where the
+/// append landed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_of_appends_asks_no_attributes_behind_them() {
+    let h = Harness::new();
+    std::fs::write(h.disk("log"), b"first\n").unwrap();
+    let f = h.lookup(ROOT, "log").await;
+    let fh = h.open(f, libc::O_WRONLY | libc::O_APPEND).await;
+    h.plan.hold_replies(ROp::Write);
+    // The kernel's idea of the offset, which the server's append does not follow.
+    assert_eq!(h.fs.write(fh, 0, b"second\n").await.unwrap(), 7);
+    h.plan.until_held(ROp::Write, 1).await;
+    h.plan.reset_counts();
+    let close = tokio::spawn({
+        let fs = h.fs.clone();
+        async move { fs.flush(fh).await }
+    });
+    // An FSTAT behind the writes goes out at once when the close comes (see the test
+    // below); give a wrong one ample time to show.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!close.is_finished(), "the close did not wait for the write");
+    assert_eq!(h.plan.calls(ROp::Fstat), 0, "an FSTAT behind the appends");
+    h.plan.release(ROp::Write);
+    close.await.unwrap().unwrap();
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("log")).unwrap(), b"first\nsecond\n");
+    let shown = h.fs.getattr(f, None).await.unwrap().0;
+    assert_eq!(shown.size, 13);
+    let asked = [ROp::Lstat, ROp::Stat, ROp::Fstat].map(|op| h.plan.calls(op));
+    assert_eq!(
+        asked.iter().sum::<u64>(),
+        1,
+        "the stat after the close: {asked:?}"
+    );
+}
+
 /// A close that waits for writes on their way asks the attributes they leave right behind
 /// them (within the wait on SFTP, see `Fs::attrs_behind_writes`): a `stat` after the close,
 /// and after the release, asks nothing, and shows the server's size and mtime. Not kept when
