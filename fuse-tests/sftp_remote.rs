@@ -1347,7 +1347,8 @@ async fn a_connection_lost_during_authentication_is_not_a_refusal() {
 /// Early write-back (`Remote::write_back_early`) goes on an SFTP channel of its own, opened at
 /// the first one (its sftp-server blocks in `fsync(2)` while the file's writes go on over the
 /// others), and kept; a path that is gone or is no regular file is nothing to write back.
-/// That channel carries only hints: its end does not end the connection.
+/// That channel carries only hints: its end does not end the connection, and the next
+/// write-back opens another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn write_back_early_on_a_channel_of_its_own() {
     let sshd = TestSshd::start();
@@ -1382,11 +1383,24 @@ async fn write_back_early_on_a_channel_of_its_own() {
     while sshd.sftp_server_pids().len() > 4 && Instant::now() < gone {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Its requests fail now; that is nothing to report either.
-    r.write_back_early(&file).await.unwrap();
     assert!(
         r.is_connected(),
         "the write-back channel's end ended the connection"
     );
     assert_eq!(r.lstat(&file).await.unwrap().size, Some(4));
+    // The next write-back once the channel's end has reached the client (its death signal
+    // fires then; one sent before fails, which is nothing to report either) opens another.
+    let gone_pid = extra[0];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let reopened = loop {
+        r.write_back_early(&file).await.unwrap();
+        let pids = sshd.sftp_server_pids();
+        if pids.len() == 5 || Instant::now() > deadline {
+            break pids;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(reopened.len(), 5, "no channel opened again: {reopened:?}");
+    assert!(!reopened.contains(&gone_pid));
+    assert!(r.is_connected());
 }

@@ -131,11 +131,20 @@ struct Connection {
     rr: AtomicUsize,
     /// The channel [`Connection::pick`] chose last.
     last_picked: AtomicUsize,
-    /// The channel for [`SftpRemote::write_back_early`], opened at its first use (None: it
-    /// could not be, and none is tried again on this connection).
-    write_back: tokio::sync::OnceCell<Option<SftpChannel>>,
-    /// A `write_back_early` is on its way on this connection.
-    writing_back: AtomicBool,
+    /// The channel for [`SftpRemote::write_back_early`]; locked by the one write-back on its
+    /// way on this connection.
+    write_back: tokio::sync::Mutex<WriteBackSlot>,
+}
+
+/// The channel early write-backs go on (see [`Connection::write_back_channel`]).
+enum WriteBackSlot {
+    /// Not opened yet, or the last one ended or stopped answering: opened at the next use.
+    Closed,
+    /// With its death signal, which fires when its sftp-server is gone.
+    Open(SftpChannel, DeathSignal),
+    /// It could not be opened (the server's `MaxSessions`, say): not tried again on this
+    /// connection.
+    Refused,
 }
 
 impl Connection {
@@ -244,8 +253,7 @@ impl Connection {
             limits,
             rr: AtomicUsize::new(0),
             last_picked: AtomicUsize::new(0),
-            write_back: tokio::sync::OnceCell::new(),
-            writing_back: AtomicBool::new(false),
+            write_back: tokio::sync::Mutex::new(WriteBackSlot::Closed),
         })
     }
 
@@ -254,29 +262,37 @@ impl Connection {
     /// lanes take every channel). Opened at the first one: a mount that never writes a long
     /// file never has the extra sftp-server. It has a death signal of its own: it carries
     /// nothing but hints, so its end (its sftp-server gone, sshd closing it while idle) must
-    /// not end the connection; its requests then fail, and write-backs stop for this
-    /// connection (a lost connection fails them too: the SSH session's end closes it). None
-    /// if it cannot be opened within `timeout` (the server's `MaxSessions`, say): this
-    /// connection writes nothing back early.
-    async fn write_back_channel(&self, timeout: Duration) -> Option<&SftpChannel> {
-        self.write_back
-            .get_or_init(|| async {
-                let index = self.channels.len();
-                let open = SftpChannel::open(&self.ssh, index, DeathSignal::new());
-                match tokio::time::timeout(timeout, open).await {
-                    Ok(Ok(ch)) => Some(ch),
-                    Ok(Err(e)) => {
-                        debug!("no SFTP channel for early write-back: {e:?}");
-                        None
-                    }
-                    Err(_) => {
-                        debug!("no SFTP channel for early write-back: timed out");
-                        None
-                    }
+    /// not end the connection; the next write-back opens another (a lost connection fails
+    /// them all: the SSH session's end closes it). None if it cannot be opened within
+    /// `timeout` (the server's `MaxSessions`, say): this connection writes nothing back early.
+    async fn write_back_channel<'s>(
+        &self,
+        slot: &'s mut WriteBackSlot,
+        timeout: Duration,
+    ) -> Option<&'s SftpChannel> {
+        if matches!(slot, WriteBackSlot::Open(_, death) if death.reason().is_some()) {
+            debug!("the early write-back channel ended; opening another");
+            *slot = WriteBackSlot::Closed;
+        }
+        if matches!(slot, WriteBackSlot::Closed) {
+            let death = DeathSignal::new();
+            let open = SftpChannel::open(&self.ssh, self.channels.len(), death.clone());
+            *slot = match tokio::time::timeout(timeout, open).await {
+                Ok(Ok(ch)) => WriteBackSlot::Open(ch, death),
+                Ok(Err(e)) => {
+                    debug!("no SFTP channel for early write-back: {e:?}");
+                    WriteBackSlot::Refused
                 }
-            })
-            .await
-            .as_ref()
+                Err(_) => {
+                    debug!("no SFTP channel for early write-back: timed out");
+                    WriteBackSlot::Refused
+                }
+            };
+        }
+        match slot {
+            WriteBackSlot::Open(ch, _) => Some(ch),
+            _ => None,
+        }
     }
 
     fn is_dead(&self) -> bool {
@@ -938,8 +954,14 @@ impl SftpRemote {
     }
 
     /// LSTAT, OPEN, fsync, CLOSE for [`SftpRemote::write_back_early`].
-    async fn write_back_on(&self, c: &Connection, path: &Path) -> RemoteResult<()> {
-        let Some(ch) = c.write_back_channel(self.inner.cfg.connect_timeout).await else {
+    async fn write_back_on(
+        &self,
+        c: &Connection,
+        slot: &mut WriteBackSlot,
+        path: &Path,
+    ) -> RemoteResult<()> {
+        let timeout = self.inner.cfg.connect_timeout;
+        let Some(ch) = c.write_back_channel(slot, timeout).await else {
             return Ok(());
         };
         // Not there any more (renamed, removed), not a regular file, or the channel or the
@@ -1267,24 +1289,22 @@ impl Remote for SftpRemote {
     /// sftp-server for good).
     async fn write_back_early(&self, path: &Path) -> RemoteResult<()> {
         let c = self.inner.current();
-        if !c.ext.fsync || c.is_dead() || c.writing_back.swap(true, Ordering::AcqRel) {
+        if !c.ext.fsync || c.is_dead() {
             return Ok(());
         }
-        struct Done<'a>(&'a AtomicBool);
-        impl Drop for Done<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _done = Done(&c.writing_back);
+        let Ok(mut slot) = c.write_back.try_lock() else {
+            return Ok(());
+        };
         // Bounded, generously (a long file on a slow disk takes its time): a server that
         // never answers (a FIFO put in the file's place between LSTAT and OPEN blocks its
-        // sftp-server in open(2)) must not hold this connection, or stop write-backs, for good.
-        let sequence = self.write_back_on(&c, path);
+        // sftp-server in open(2)) must not hold this connection, or stop write-backs, for good:
+        // its channel is dropped (closed), and the next write-back opens another.
+        let sequence = self.write_back_on(&c, &mut slot, path);
         match tokio::time::timeout(WRITE_BACK_TIMEOUT, sequence).await {
             Ok(result) => result,
             Err(_) => {
                 debug!("early write-back of {} unanswered", path.display());
+                *slot = WriteBackSlot::Closed;
                 Ok(())
             }
         }
