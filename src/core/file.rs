@@ -113,11 +113,13 @@ pub const STRIPE_AFTER: u64 = 4 * 1024 * 1024;
 /// Bytes of one descriptor's contiguous run after which, and after every such many more, the
 /// server is asked to write the file back to its disk ([`Remote::write_back_early`]), on a
 /// channel of its own, while the writes go on. A long write is often ended by `fsync` (`dd
-/// conv=fsync`, `cp` then `sync`, a database, a package manager): without this, the server
+/// conv=fsync`, `sync FILE` after `cp`, git's packs, a database; a plain `sync(2)` never
+/// reaches a FUSE mount): without this, the server
 /// wrote all of it to its disk then, after the transfer (a 256 MiB file: 0.4 s on the test
 /// machine's disk, a third of the `dd`); with it, the disk works while the data comes.
 /// Small files never reach it. A long write closed without `fsync` turns it off for the
-/// mount until an `fsync` shows it is wanted again (`write_back::EarlyWriteBack`).
+/// mount until an `fsync` of a file with a long write shows it is wanted again
+/// (`write_back::EarlyWriteBack`).
 pub const WRITE_BACK_EVERY: u64 = 32 * 1024 * 1024;
 
 /// Most handles (the descriptor's own included) one descriptor's writes are spread over.
@@ -1310,12 +1312,14 @@ fn write_back_early<R: Remote>(fs: &Weak<Fs<R>>, remote: &Arc<R>, ino: Ino) {
     let Some(fs) = fs.upgrade() else {
         return;
     };
-    if !fs.early_write_back.due(ino) {
-        return;
-    }
+    // (A file with no name any more, a temporary file unlinked while open, is not written
+    // back, so it does not count either way.)
     let Ok(path) = fs.path_of(ino) else {
         return;
     };
+    if !fs.early_write_back.due(ino) {
+        return;
+    }
     let (fs, remote) = (Arc::downgrade(&fs), remote.clone());
     tokio::spawn(async move {
         if let Err(e) = remote.write_back_early(&path).await {

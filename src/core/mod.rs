@@ -3783,9 +3783,13 @@ impl<R: Remote> Fs<R> {
 
     /// fsync's writes: every earlier write answered, then the server's fsync of the handle.
     async fn fsync_writes(self: &Arc<Self>, fh: u64) -> FsResult<()> {
-        if self.snapshot(fh).is_some() {
-            // Opened for reading and never written through: nothing of ours to sync.
-            return Ok(());
+        // A descriptor reading from a snapshot has no server handle, but fsync is of the file,
+        // which may have been written through the mount before (`sync FILE` after `cp`, whose
+        // open of a file the kernel keeps the pages of is answered without the server): it is
+        // given one, and the server's fsync goes through it as for any other descriptor.
+        let snapshot_of = self.snapshots.lock().unwrap().get(&fh).map(|(ino, _)| *ino);
+        if let Some(ino) = snapshot_of {
+            self.snapshot_to_handle(fh, ino).await?;
         }
         let file = self.file(fh)?;
         // Whoever's close saw a failure first, fsync has not been told of it: it reports it,

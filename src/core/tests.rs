@@ -1186,6 +1186,31 @@ async fn reopen_within_the_ttl_asks_the_server_only_when_read() {
     assert_eq!(h.open_handles().await, 0, "server handles leaked");
 }
 
+/// fsync through a descriptor opened without the server (the kernel keeps the file's pages,
+/// as for `sync FILE` after a `cp` and a read of the copy) still has the server write the file
+/// to its disk: fsync is of the file, not of what the descriptor wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fsync_of_a_descriptor_opened_without_the_server_reaches_it() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"hello").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let open = |flags: i32| h.fs.open_keeping_cache(f, as_root(flags));
+    let (fh, _) = open(libc::O_RDONLY).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let (fh, keep) = open(libc::O_RDONLY).await.unwrap();
+    assert!(keep, "the reopen was answered by the server");
+    let fsyncs = h.plan.calls(ROp::Fsync);
+    h.fs.fsync(fh).await.unwrap();
+    assert_eq!(
+        h.plan.calls(ROp::Fsync),
+        fsyncs + 1,
+        "no fsync reached the server"
+    );
+    assert_eq!(h.read(fh, 0, 100).await, b"hello");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.open_handles().await, 0, "server handles leaked");
+}
+
 /// No attribute TTL: the kernel's pages are dropped at every open, as the attributes are
 /// asked for every time. A file with links the mount does not know keeps them until a
 /// change through another of its names.
@@ -2261,6 +2286,32 @@ async fn wb_early_write_back_stops_after_a_long_write_closed_without_fsync() {
         "a long write after one closed without fsync, and the one ended by the next fsync, \
          are not written back early; the one after that is"
     );
+}
+
+/// A long write to a file unlinked while open (a temporary file) is not written back early,
+/// and its close without `fsync` does not turn early write-back off: nothing was spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_an_unlinked_file_is_not_written_back_and_does_not_count() {
+    use super::file::WRITE_BACK_EVERY;
+    let h = Harness::new();
+    let chunk = vec![5u8; 1 << 20];
+    let (_, fh) = create_excl(&h, "tmp").await;
+    h.fs.unlink(ROOT, os("tmp")).await.unwrap();
+    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
+        h.write(fh, at, &chunk).await;
+    }
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let (_, fh) = create_excl(&h, "kept").await;
+    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
+        h.write(fh, at, &chunk).await;
+    }
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    eventually("the write-back of the file kept", || {
+        h.plan.calls(ROp::WriteBackEarly) == 1
+    })
+    .await;
 }
 
 /// An early write-back the server failed (its fsync: the disk write failed) is reported by

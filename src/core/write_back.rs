@@ -9,7 +9,10 @@
 //! 256 MiB `dd` without `fsync` took 1.02 s with it against 0.82 s without (and 1.01 s
 //! against 1.25 s with `conv=fsync`). So the mount follows what its writers do: a file
 //! written back early and closed without an `fsync` turns it off; an `fsync` of a file whose
-//! run reached the mark (written back early or not) turns it on again.
+//! run reached the mark since its last `fsync` (written back early or not) turns it on
+//! again. (A plain `sync(2)` never reaches a FUSE mount: `cp` then `sync` counts as closed
+//! without one.) It is a guess from what was done, not a record of what was sent: a
+//! write-back the SFTP remote skips (one already on its way) counts as sent.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

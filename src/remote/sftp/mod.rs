@@ -138,12 +138,12 @@ struct Connection {
 
 /// The channel early write-backs go on (see [`Connection::write_back_channel`]).
 enum WriteBackSlot {
-    /// Not opened yet, or the last one ended or stopped answering: opened at the next use.
+    /// Not opened yet, or the last one ended: opened at the next use.
     Closed,
     /// With its death signal, which fires when its sftp-server is gone.
     Open(SftpChannel, DeathSignal),
-    /// It could not be opened (the server's `MaxSessions`, say): not tried again on this
-    /// connection.
+    /// It could not be opened (the server's `MaxSessions`, say), or left a write-back
+    /// unanswered: not tried again on this connection.
     Refused,
 }
 
@@ -1297,14 +1297,19 @@ impl Remote for SftpRemote {
         };
         // Bounded, generously (a long file on a slow disk takes its time): a server that
         // never answers (a FIFO put in the file's place between LSTAT and OPEN blocks its
-        // sftp-server in open(2)) must not hold this connection, or stop write-backs, for good:
-        // its channel is dropped (closed), and the next write-back opens another.
+        // sftp-server in open(2)) must not hold this connection for good. Its channel is
+        // closed, and no other opened on this connection: the stuck sftp-server may hold its
+        // session (the server's `MaxSessions`) until it ends, and a disk that slow is no
+        // place for more fsyncs.
         let sequence = self.write_back_on(&c, &mut slot, path);
         match tokio::time::timeout(WRITE_BACK_TIMEOUT, sequence).await {
             Ok(result) => result,
             Err(_) => {
-                debug!("early write-back of {} unanswered", path.display());
-                *slot = WriteBackSlot::Closed;
+                debug!(
+                    "early write-back of {} unanswered: no more on this connection",
+                    path.display()
+                );
+                *slot = WriteBackSlot::Refused;
                 Ok(())
             }
         }
