@@ -1570,6 +1570,12 @@ fn open_then_unlink_keeps_the_descriptor_working() {
     assert_eq!(fs::read(m.e("tmpfile")).unwrap(), b"new");
 }
 
+/// Append `data` to `path` on the server's side, behind the mount's back.
+fn append_on_server(path: &Path, data: &[u8]) {
+    let mut f = OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(data).unwrap();
+}
+
 /// Appends through a mount with its caches on, like a shell's `echo >> log`: a `stat` after
 /// each close shows the size and mtime the server has, though the close does not ask for them
 /// (only the server knows where an append landed).
@@ -1588,12 +1594,7 @@ fn stat_after_each_append_shows_the_servers_size() {
         assert_eq!((shown.len(), shown.mtime()), (server.len(), server.mtime()));
     }
     // Grown on the server meanwhile: the next append lands after that, and shows it.
-    OpenOptions::new()
-        .append(true)
-        .open(m.e("log"))
-        .unwrap()
-        .write_all(b"external\n")
-        .unwrap();
+    append_on_server(&m.e("log"), b"external\n");
     let mut f = OpenOptions::new().append(true).open(m.p("log")).unwrap();
     f.write_all(b"last\n").unwrap();
     drop(f);
@@ -1645,12 +1646,7 @@ fn append_and_sparse_writes() {
     c.write_all(b"c1\n").unwrap();
     // fsync: a network filesystem publishes writes to other clients at fsync/close.
     c.sync_all().unwrap();
-    OpenOptions::new()
-        .append(true)
-        .open(m.e("log2"))
-        .unwrap()
-        .write_all(b"external\n")
-        .unwrap();
+    append_on_server(&m.e("log2"), b"external\n");
     c.write_all(b"c2\n").unwrap();
     drop(c);
     let want = "one\nc1\nexternal\nc2\n";
@@ -1659,12 +1655,7 @@ fn append_and_sparse_writes() {
     // And a new O_APPEND descriptor opened after more external growth.
     fs::write(m.e("log3"), b"0123456789").unwrap();
     assert_eq!(fs::metadata(m.p("log3")).unwrap().len(), 10);
-    OpenOptions::new()
-        .append(true)
-        .open(m.e("log3"))
-        .unwrap()
-        .write_all(b"abc")
-        .unwrap();
+    append_on_server(&m.e("log3"), b"abc");
     let mut d = OpenOptions::new().append(true).open(m.p("log3")).unwrap();
     d.write_all(b"XYZ").unwrap();
     drop(d);
