@@ -3763,9 +3763,7 @@ impl<R: Remote> Fs<R> {
         // its disk. Its own answer to this fsync may not say so (it tells one fsync per
         // descriptor open when the disk write failed, and this handle may be newer). Reported
         // once: by this fsync's own failure if it failed (the server told this handle).
-        self.early_write_back.fsynced(file.ino);
-        let failed = self.early_write_back.take_failure(file.ino);
-        match failed {
+        match self.early_write_back.fsynced(file.ino) {
             _ if synced.is_err() => synced,
             Some(e) => {
                 let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());

@@ -58,8 +58,9 @@ impl EarlyWriteBack {
         wanted
     }
 
-    /// An `fsync` of `ino`: if a run of it reached the mark, early write-back pays.
-    pub fn fsynced(&self, ino: Ino) {
+    /// An `fsync` of `ino`: if a run of it reached the mark, early write-back pays. Returns
+    /// the failure of a write-back of it, for this `fsync` to report (once).
+    pub fn fsynced(&self, ino: Ino) -> Option<RemoteError> {
         if self.marks.lock().unwrap().remove(&ino).is_some()
             && !self.wanted.swap(true, Ordering::Relaxed)
         {
@@ -68,6 +69,7 @@ impl EarlyWriteBack {
                 "a long write ended with fsync: early write-back on again"
             );
         }
+        self.failures.lock().unwrap().remove(&ino)
     }
 
     /// The last descriptor of `ino` closed. A write-back sent since its last `fsync` was not
@@ -90,11 +92,6 @@ impl EarlyWriteBack {
     pub fn failed(&self, ino: Ino, e: RemoteError) {
         tracing::warn!(ino, "the server failed to write a file to its disk: {e}");
         self.failures.lock().unwrap().insert(ino, e);
-    }
-
-    /// The failure to report for `ino`, once.
-    pub fn take_failure(&self, ino: Ino) -> Option<RemoteError> {
-        self.failures.lock().unwrap().remove(&ino)
     }
 
     #[cfg(test)]
