@@ -2226,11 +2226,8 @@ async fn wb_a_long_run_is_written_back_early_a_small_file_is_not() {
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     let (_, fh) = create_excl(&h, "long").await;
-    let chunk = vec![2u8; 1 << 20];
-    let total = 2 * WRITE_BACK_EVERY + chunk.len() as u64;
-    for at in (0..total).step_by(chunk.len()) {
-        h.write(fh, at, &chunk).await;
-    }
+    let total = 2 * WRITE_BACK_EVERY + (1 << 20);
+    write_run(&h, fh, total, 2).await;
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     // Sent from tasks of their own, which nothing waits for: wait for them here.
@@ -2253,15 +2250,12 @@ async fn wb_a_long_run_is_written_back_early_a_small_file_is_not() {
 async fn wb_early_write_back_stops_after_a_long_write_closed_without_fsync() {
     use super::file::WRITE_BACK_EVERY;
     let h = Harness::new();
-    let chunk = vec![4u8; 1 << 20];
     // One long write; `fsync` before the close or not.
     let write_long = |name: &'static str, fsync: bool| {
-        let (h, chunk) = (&h, &chunk);
+        let h = &h;
         async move {
             let (_, fh) = create_excl(h, name).await;
-            for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
-                h.write(fh, at, chunk).await;
-            }
+            write_run(h, fh, WRITE_BACK_EVERY, 4).await;
             h.fs.flush(fh).await.unwrap();
             if fsync {
                 h.fs.fsync(fh).await.unwrap();
@@ -2294,18 +2288,13 @@ async fn wb_early_write_back_stops_after_a_long_write_closed_without_fsync() {
 async fn wb_an_unlinked_file_is_not_written_back_and_does_not_count() {
     use super::file::WRITE_BACK_EVERY;
     let h = Harness::new();
-    let chunk = vec![5u8; 1 << 20];
     let (_, fh) = create_excl(&h, "tmp").await;
     h.fs.unlink(ROOT, os("tmp")).await.unwrap();
-    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
-        h.write(fh, at, &chunk).await;
-    }
+    write_run(&h, fh, WRITE_BACK_EVERY, 5).await;
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     let (_, fh) = create_excl(&h, "kept").await;
-    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
-        h.write(fh, at, &chunk).await;
-    }
+    write_run(&h, fh, WRITE_BACK_EVERY, 5).await;
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     eventually("the write-back of the file kept", || {
@@ -2327,10 +2316,7 @@ async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
         RemoteError::Status(Status::Failure, "I/O error".into()),
     );
     let (ino, fh) = create_excl(&h, "long").await;
-    let chunk = vec![3u8; 1 << 20];
-    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
-        h.write(fh, at, &chunk).await;
-    }
+    write_run(&h, fh, WRITE_BACK_EVERY, 3).await;
     h.fs.flush(fh).await.unwrap();
     h.fs.release(fh).await.unwrap();
     // Its task, which nothing waits for, records the failure.
@@ -2350,9 +2336,7 @@ async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
         1,
         RemoteError::Status(Status::Failure, "I/O error".into()),
     );
-    for at in (0..WRITE_BACK_EVERY).step_by(chunk.len()) {
-        h.write(fh, at, &chunk).await;
-    }
+    write_run(&h, fh, WRITE_BACK_EVERY, 3).await;
     h.fs.flush(fh).await.unwrap();
     eventually("the second failed write-back recorded", recorded).await;
     h.plan.fail_next(
@@ -6329,6 +6313,15 @@ async fn cache_listing_racing_a_create_is_not_cached() {
 }
 
 // ------------------------------------------------------------------------ setattr behind
+
+/// Write `len` bytes of `byte` through `fh` from offset 0, 1 MiB at a time: one contiguous
+/// run, as `dd bs=1M` makes.
+async fn write_run(h: &Harness, fh: u64, len: u64, byte: u8) {
+    let chunk = vec![byte; 1 << 20];
+    for at in (0..len).step_by(chunk.len()) {
+        h.write(fh, at, &chunk).await;
+    }
+}
 
 /// Create `name` as tar and cp do (O_EXCL, write only).
 async fn create_excl(h: &Harness, name: &str) -> (Ino, u64) {
