@@ -93,6 +93,10 @@ pub struct MetaCache {
     /// paths a name change through it affects (a renamed directory moves everything below
     /// it), so every name change drops them all: a walk ahead is for trees nobody changes.
     dirs_ahead: LruCache<PathBuf, ListedAhead>,
+    /// Directories made through the mount whose cached listing is still the one kept since
+    /// (empty at the mkdir, and changed by every name made or removed through the mount), and
+    /// the owner and group they were made with (see [`MetaCache::made_dir_lacks`]).
+    made_dirs: LruCache<Ino, (u32, u32)>,
     links: LruCache<Ino, (PathBuf, Instant)>,
     /// The server's `statvfs`, until when it is good, and the change clock when it was asked
     /// for (see [`MetaCache::get_statvfs`]).
@@ -132,6 +136,7 @@ impl MetaCache {
             shared_dirs: std::collections::HashSet::new(),
             shared_ahead: false,
             dirs_ahead: LruCache::new(dir_cap(&config)),
+            made_dirs: LruCache::new(dir_cap(&config)),
             links: LruCache::new(cap(config.max_entries / 4)),
             statvfs: None,
         }
@@ -148,6 +153,7 @@ impl MetaCache {
         self.negative.resize(cap(config.max_entries));
         self.dirs.resize(dir_cap(&config));
         self.dirs_ahead.resize(dir_cap(&config));
+        self.made_dirs.resize(dir_cap(&config));
         self.links.resize(cap(config.max_entries / 4));
     }
 
@@ -231,6 +237,9 @@ impl MetaCache {
     /// are (attribute cache, the listing entries of its names); `known`: the new ones.
     pub fn attrs_changed(&mut self, ino: Ino, names: &[(Ino, OsString)], known: Option<Attrs>) {
         self.touch(ino);
+        // A directory's owner, group or set-gid bit may have changed: no longer the ones a
+        // new file in it is given.
+        self.made_dirs.pop(&ino);
         for (parent, name) in names {
             self.listing_update(*parent, name, known);
         }
@@ -403,6 +412,25 @@ impl MetaCache {
         }
     }
 
+    /// `dir` was just made through the mount, owned by `owner` (its uid and gid), and its
+    /// (empty) listing was kept with [`MetaCache::put_dir`].
+    pub fn made_dir(&mut self, dir: Ino, owner: (u32, u32)) {
+        self.made_dirs.put(dir, owner);
+    }
+
+    /// The owner a new file made in `dir` gets, if the mount can vouch that `dir` has no
+    /// `name`: `dir` was made through the mount, and its listing is still the one kept since
+    /// then, which every name made or removed through the mount changes, within the listing
+    /// TTL; `name` is not in it. (A file made in it on the server's side within that time is
+    /// what it cannot know of, as for any listing kept.) The server's account made `dir`, so
+    /// it gets the same owner and group as a new file there: the account's group, or the
+    /// group of `dir` if `dir` is set-gid, which `dir` then got from its own parent.
+    pub fn made_dir_lacks(&mut self, dir: Ino, name: &OsStr) -> Option<(u32, u32)> {
+        let owner = *self.made_dirs.get(&dir)?;
+        let listing = self.get_dir(dir)?;
+        (!listing.iter().any(|e| e.name == name)).then_some(owner)
+    }
+
     /// [`MetaCache::put_dir_until`] for the full listing TTL. (The names it returns are not:
     /// the mount gives this way only the empty listing of a directory it just made.)
     pub fn put_dir(&mut self, dir: Ino, listing: Arc<Vec<DirEntry>>) {
@@ -462,6 +490,8 @@ impl MetaCache {
         }
         self.note_shared(dir, &listing);
         let shown = self.drop_negatives_listed(dir, &listing);
+        // A listing in place of the one kept since the mkdir: made_dir says so again.
+        self.made_dirs.pop(&dir);
         self.dirs.put(dir, (listing, until));
         shown
     }
@@ -603,6 +633,7 @@ impl MetaCache {
         self.negative.clear();
         self.dirs.clear();
         self.dirs_ahead.clear();
+        self.made_dirs.clear();
         self.links.clear();
     }
 }

@@ -197,7 +197,7 @@ impl<R: Remote> Fs<R> {
         job: Job,
     ) -> Result<FsResult<u64>, RemoteError> {
         let remote = &self.remote;
-        let (own, _) = input.versioned_handle().await;
+        let own = input.handle().await?;
         let (opened, own) = tokio::join!(
             self.open_by_name(
                 job.ino_in,

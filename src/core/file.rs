@@ -93,7 +93,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
 use bytes::Bytes;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, RwLock, Semaphore};
+use tokio::sync::{mpsc, oneshot, OwnedRwLockWriteGuard, OwnedSemaphorePermit, RwLock, Semaphore};
 
 use super::inode::Ino;
 use super::Fs;
@@ -455,20 +455,17 @@ async fn catch_up<R: Remote>(
                     }
                     Err(e) => Resent::Failed(e),
                 },
-                Some((_, version)) => {
-                    let (h, v) = l.file.versioned_handle().await;
-                    if v != *version || stream.has_lost() {
-                        Resent::StartOver
-                    } else {
-                        match l.send_on(remote, h).await {
-                            Ok(ack) => Resent::Sent(ack, v),
-                            Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
-                                Resent::StartOver
-                            }
-                            Err(e) => Resent::Failed(e),
+                Some((_, version)) => match l.file.versioned_handle().await {
+                    Err(e) => Resent::Failed(e),
+                    Ok((_, v)) if v != *version || stream.has_lost() => Resent::StartOver,
+                    Ok((h, v)) => match l.send_on(remote, h).await {
+                        Ok(ack) => Resent::Sent(ack, v),
+                        Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
+                            Resent::StartOver
                         }
-                    }
-                }
+                        Err(e) => Resent::Failed(e),
+                    },
+                },
             };
             first_of_pass = false;
             match sent {
@@ -533,12 +530,35 @@ enum Lanes<H> {
     Refused,
 }
 
+/// A descriptor's handle (or why it has none) and how many times it was reopened.
+type HandleSlot<R> = Arc<RwLock<(Result<<R as Remote>::Handle, RemoteError>, u64)>>;
+
+/// The handle of a descriptor whose create was answered before its OPEN (see
+/// [`OpenFile::pending`]): held until the outcome is known, then given it.
+pub struct PendingHandle<R: Remote>(OwnedRwLockWriteGuard<(Result<R::Handle, RemoteError>, u64)>);
+
+impl<R: Remote> PendingHandle<R> {
+    /// The OPEN was answered: whatever waits for the handle gets `outcome`. A failure must
+    /// not be a connection error (which would have the name opened again: see
+    /// `OpenFile::handle`).
+    pub fn opened(mut self, outcome: Result<R::Handle, RemoteError>) {
+        debug_assert!(outcome
+            .as_ref()
+            .err()
+            .is_none_or(|e| !e.is_connection_error()));
+        self.0 .0 = outcome;
+    }
+}
+
 pub struct OpenFile<R: Remote> {
     pub ino: Ino,
     pub flags: OpenFlags,
     /// The current remote handle and how many times it was reopened; replaced when the file
-    /// is reopened after a reconnect.
-    handle: RwLock<(R::Handle, u64)>,
+    /// is reopened after a reconnect. Write-locked while the OPEN of a create answered early
+    /// is on its way (see `Fs::create_early`), so whatever needs the handle waits for it; an
+    /// error if that OPEN failed: the descriptor never has a handle, and must never get one
+    /// by reopening the name, which may be another's file.
+    handle: HandleSlot<R>,
     /// Serializes reopens: two requests that both found the handle stale must not both open
     /// a new one (the second would leak a server handle).
     reopening: tokio::sync::Mutex<()>,
@@ -583,10 +603,21 @@ impl<R: Remote> OpenFile<R> {
         stream: Arc<WriteStream<R>>,
         opener: u32,
     ) -> Self {
+        let slot = Arc::new(RwLock::new((Ok(handle), 0)));
+        Self::with_slot(ino, flags, slot, stream, opener)
+    }
+
+    fn with_slot(
+        ino: Ino,
+        flags: OpenFlags,
+        handle: HandleSlot<R>,
+        stream: Arc<WriteStream<R>>,
+        opener: u32,
+    ) -> Self {
         OpenFile {
             ino,
             flags,
-            handle: RwLock::new((handle, 0)),
+            handle,
             reopening: tokio::sync::Mutex::new(()),
             stream,
             failures: Mutex::new(Failures::default()),
@@ -611,6 +642,18 @@ impl<R: Remote> OpenFile<R> {
     /// it and nothing but writes and changes behind them happened since.
     pub fn created_attrs(&self) -> Option<Attrs> {
         *self.created.lock().unwrap()
+    }
+
+    /// The OPEN of a create answered early made the file, which had `attrs` then: what
+    /// this descriptor knows of it gets the times, which were left to the server.
+    pub fn landed(&self, attrs: &Attrs) {
+        let mut created = self.created.lock().unwrap();
+        if let Some(known) = created.as_mut() {
+            known.atime = known.atime.or(attrs.atime);
+            known.mtime = known.mtime.or(attrs.mtime);
+            let mut last = self.created_mtime.lock().unwrap();
+            *last = last.or(attrs.mtime);
+        }
     }
 
     /// Keep the attributes known after a change written behind; None: no longer known.
@@ -708,13 +751,40 @@ impl<R: Remote> OpenFile<R> {
         }
     }
 
-    pub async fn handle(&self) -> R::Handle {
+    pub async fn handle(&self) -> Result<R::Handle, RemoteError> {
         self.handle.read().await.0.clone()
     }
 
     /// The handle with its reopen count, for [`OpenFile::reopen_with`].
-    pub async fn versioned_handle(&self) -> (R::Handle, u64) {
-        self.handle.read().await.clone()
+    pub async fn versioned_handle(&self) -> Result<(R::Handle, u64), RemoteError> {
+        let slot = self.handle.read().await;
+        Ok((slot.0.clone()?, slot.1))
+    }
+
+    /// How many times the handle was reopened.
+    pub async fn handle_version(&self) -> u64 {
+        self.handle.read().await.1
+    }
+
+    /// A descriptor whose handle is not known yet: the OPEN of its create is on its way.
+    /// Whatever asks for the handle waits until the guard returned is given the outcome
+    /// ([`handle_opened`]).
+    pub fn pending(
+        ino: Ino,
+        flags: OpenFlags,
+        stream: Arc<WriteStream<R>>,
+        opener: u32,
+    ) -> (Self, PendingHandle<R>) {
+        // Seen only if the guard is dropped without an outcome (a task cut short): a failure
+        // of the create, never a connection error, which would have the name reopened.
+        let abandoned = RemoteError::Status(
+            crate::remote::Status::Failure,
+            "the create of this file was abandoned".into(),
+        );
+        let slot = Arc::new(RwLock::new((Err(abandoned), 0)));
+        let guard = slot.clone().try_write_owned().expect("a new lock is free");
+        let file = Self::with_slot(ino, flags, slot, stream, opener);
+        (file, PendingHandle(guard))
     }
 
     /// Replace a handle found stale at version `seen` by what `open` returns, unless another
@@ -722,20 +792,24 @@ impl<R: Remote> OpenFile<R> {
     /// with its version.
     pub async fn reopen_with<F, Fut, E>(&self, seen: u64, open: F) -> Result<(R::Handle, u64), E>
     where
+        E: From<RemoteError>,
         F: FnOnce() -> Fut,
         Fut: std::future::Future<Output = Result<R::Handle, E>>,
     {
         let _one_at_a_time = self.reopening.lock().await;
         {
             let current = self.handle.read().await;
-            if current.1 != seen {
-                return Ok(current.clone());
+            if current.1 != seen || current.0.is_err() {
+                // Reopened by another request; or never opened (a create that failed), and
+                // its name is not this descriptor's to open.
+                let (handle, version) = (current.0.clone(), current.1);
+                return handle.map(|h| (h, version)).map_err(E::from);
             }
         }
         let new = open().await?;
         let mut slot = self.handle.write().await;
-        *slot = (new.clone(), seen + 1);
-        Ok(slot.clone())
+        *slot = (Ok(new.clone()), seen + 1);
+        Ok((new, seen + 1))
     }
 
     /// Latch a failure whose write end is not known (0: never taken for EFBIG).
@@ -942,7 +1016,7 @@ where
     F: Fn(R::Handle) -> Fut,
     Fut: std::future::Future<Output = Result<crate::remote::WriteAck, RemoteError>>,
 {
-    let (handle, version) = file.versioned_handle().await;
+    let (handle, version) = file.versioned_handle().await?;
     match queue(handle).await {
         Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
             let Some(fs) = fs.upgrade() else {
@@ -971,7 +1045,7 @@ async fn send_in_order<R: Remote>(
     seen: &mut u64,
     req: &Lost<R>,
 ) -> Result<crate::remote::WriteAck, RemoteError> {
-    let (handle, version) = req.file.versioned_handle().await;
+    let (handle, version) = req.file.versioned_handle().await?;
     if version == *seen && !stream.has_lost() {
         match req.send_on(remote, handle).await {
             Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {}
@@ -985,7 +1059,7 @@ async fn send_in_order<R: Remote>(
             Ok(ack)
         }
         Err(e) => {
-            *seen = req.file.versioned_handle().await.1;
+            *seen = req.file.handle_version().await;
             Err(e)
         }
     }
@@ -1157,7 +1231,10 @@ async fn lanes_for<R: Remote>(
         return Vec::new();
     };
     let refuse = || *file.lanes.lock().unwrap() = Lanes::Refused;
-    let primary = file.handle().await;
+    let Ok(primary) = file.handle().await else {
+        refuse();
+        return Vec::new();
+    };
     let flags = OpenFlags {
         read: false,
         write: true,
@@ -1221,7 +1298,10 @@ async fn same_file_or_refused<R: Remote>(
     if lanes.is_empty() {
         return lanes;
     }
-    let own = file.handle().await;
+    let Ok(own) = file.handle().await else {
+        close_in_background(remote, lanes);
+        return Vec::new();
+    };
     let (own, others) = tokio::join!(
         remote.fstat(&own),
         futures_util::future::join_all(lanes.iter().map(|h| remote.fstat(h)))
@@ -1396,7 +1476,7 @@ async fn writer_loop<R: Remote>(
                         unsettled = Unsettled::default();
                     }
                     last = Some(Arc::downgrade(&file));
-                    seen = file.versioned_handle().await.1;
+                    seen = file.handle_version().await;
                     // Nothing of another descriptor is in flight: if this one has lanes,
                     // they take over where they left off.
                     placement = file.open_lanes().map(|lanes| Placement { lanes, unit });
@@ -1565,7 +1645,7 @@ async fn writer_loop<R: Remote>(
                 }
                 if !same {
                     last = Some(Arc::downgrade(&file));
-                    seen = file.versioned_handle().await.1;
+                    seen = file.handle_version().await;
                     placement = file.open_lanes().map(|lanes| Placement { lanes, unit });
                     run_len = 0;
                 }

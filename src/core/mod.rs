@@ -347,6 +347,9 @@ pub struct Fs<R: Remote> {
     read_along: Mutex<HashMap<u64, ReadAlong>>,
     /// Unlinks answered before the server's answer, still on their way or failed.
     removes_behind: RemovesBehind,
+    /// Creates answered before their OPEN (see `Fs::create_early`), kept the same way: what
+    /// must come after one waits for it.
+    creates_behind: RemovesBehind,
     /// Renames and unlinks on their way to the server, for opening live files by name.
     names: names::NameChanges,
     /// What the kernel caches of inodes, dropped when the mount says so (see
@@ -532,6 +535,7 @@ impl<R: Remote> Fs<R> {
             snapshots: Mutex::new(HashMap::new()),
             read_along: Mutex::new(HashMap::new()),
             removes_behind: RemovesBehind::default(),
+            creates_behind: RemovesBehind::default(),
             names: names::NameChanges::default(),
             kernel_caches: kernel_caches::KernelCaches::default(),
             shared_changes: AtomicU64::new(0),
@@ -669,6 +673,26 @@ impl<R: Remote> Fs<R> {
         }
         let file = OpenFile::new(ino, flags, handle, stream, opener);
         files.insert(fh, Arc::new(file));
+    }
+
+    /// Register a descriptor whose handle is not known yet (see `Fs::create_early`).
+    fn register_pending_file(
+        &self,
+        ino: Ino,
+        flags: OpenFlags,
+        opener: u32,
+    ) -> (u64, Arc<OpenFile<R>>, file::PendingHandle<R>) {
+        let fh = self.alloc_fh();
+        let mut streams = self.streams.lock().unwrap();
+        let stream = streams
+            .get(&ino)
+            .and_then(std::sync::Weak::upgrade)
+            .unwrap_or_default();
+        streams.insert(ino, Arc::downgrade(&stream));
+        let (file, pending) = OpenFile::pending(ino, flags, stream, opener);
+        let file = Arc::new(file);
+        self.files.lock().unwrap().insert(fh, file.clone());
+        (fh, file, pending)
     }
 
     fn alloc_fh(&self) -> u64 {
@@ -1317,6 +1341,9 @@ impl<R: Remote> Fs<R> {
     }
 
     async fn lookup_name(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
+        // A create of this name answered early: the server has the file, and its attributes
+        // are the server's, once its OPEN is answered.
+        self.creates_behind.name_settled(parent, name).await;
         let path = self.child_path(parent, name)?;
         if let Some(attr) = self.special_at(&path, true) {
             return Ok(self.entry(attr));
@@ -1497,6 +1524,7 @@ impl<R: Remote> Fs<R> {
                 Err(e) => Err(remote_err(Op::Getattr, &e, "fstat")),
             };
         }
+        self.create_landed(ino).await;
         self.drain_inode(ino).await;
         let a = self.fetch_attrs(ino).await?;
         let attrs = self.with_pending_size(ino, a.attrs);
@@ -1632,6 +1660,8 @@ impl<R: Remote> Fs<R> {
                 return done;
             }
         }
+        // By path or another handle: not before the file is there.
+        self.create_landed(ino).await;
         // Changed otherwise: what descriptors that created the file knew of it is stale.
         self.forget_created(ino);
         let (kind, data_changes) = {
@@ -1648,8 +1678,7 @@ impl<R: Remote> Fs<R> {
             (_, false) => None,
             // Through the handle: works for an unlinked open file too.
             (Some(f), true) => Some(
-                self.remote
-                    .fstat(&f.handle().await)
+                self.fstat_of(f)
                     .await
                     .map_err(|e| remote_err(Op::Getattr, &e, "fstat"))?,
             ),
@@ -1688,7 +1717,7 @@ impl<R: Remote> Fs<R> {
             Some(size) if quota.is_limited() || quota.knows(ino) => {
                 if !quota.knows(ino) {
                     let known = match &file {
-                        Some(f) => self.remote.fstat(&f.handle().await).await.ok(),
+                        Some(f) => self.fstat_of(f).await.ok(),
                         None => match &path {
                             Ok(p) => self.remote.lstat(p).await.ok(),
                             Err(_) => None,
@@ -1819,7 +1848,7 @@ impl<R: Remote> Fs<R> {
             // changed through the mount meanwhile. The answer shows the writes on their way.
             let since = self.cache.lock().unwrap().now();
             let busy = !self.writers_of(ino).is_empty();
-            if let Ok(attrs) = self.remote.fstat(&f.handle().await).await {
+            if let Ok(attrs) = self.fstat_of(f).await {
                 let attrs = self.with_pending_size(ino, attrs);
                 if !busy {
                     self.attrs_changed_as_of(ino, attrs, since);
@@ -1842,6 +1871,12 @@ impl<R: Remote> Fs<R> {
         req: &SetattrRequest,
     ) -> Option<FsResult<Attr>> {
         let mut attrs = file.created_attrs()?;
+        if (req.atime.is_some() || req.mtime.is_some()) && attrs.atime.is_none() {
+            // Created early, and the server has not given its times yet: a time not asked
+            // for (UTIME_OMIT) is sent as the server has it (SFTP sets both).
+            self.create_landed(ino).await;
+            attrs = file.created_attrs()?;
+        }
         // A chown to the owner and group it has already (tar as root sets them on every file
         // it extracts) changes nothing the server could refuse, when no set-id bit is there
         // for it to clear.
@@ -2074,10 +2109,13 @@ impl<R: Remote> Fs<R> {
         }
         let entry = self.entry(self.remember(parent, name, attrs, nlink, since));
         if is_dir {
-            self.cache
-                .lock()
-                .unwrap()
-                .put_dir(entry.attr.ino, Arc::new(Vec::new()));
+            let mut cache = self.cache.lock().unwrap();
+            cache.put_dir(entry.attr.ino, Arc::new(Vec::new()));
+            // Made by the server's account, and kept so: a file made in it gets the same
+            // owner and group (see `create_early`).
+            if let (None, Some(uid), Some(gid)) = (owner, attrs.uid, attrs.gid) {
+                cache.made_dir(entry.attr.ino, (uid, gid));
+            }
         }
         Ok(entry)
     }
@@ -2148,6 +2186,8 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let path = self.child_path(parent, name)?;
+        // A create of it answered early goes first: the REMOVE could overtake its OPEN.
+        self.creates_behind.name_settled(parent, name).await;
         let ino = self.inodes.lock().unwrap().child(parent, name);
         if let Some(ino) = ino {
             if self.unlink_behind(parent, name, ino, &path) {
@@ -2275,6 +2315,11 @@ impl<R: Remote> Fs<R> {
         self.check_writable("rmdir")?;
         let path = self.child_path(parent, name)?;
         self.rmdir_special_check(&path)?;
+        // A create in it answered early is carried out first (the RMDIR must find it there).
+        let dir = self.inodes.lock().unwrap().child(parent, name);
+        if let Some(dir) = dir {
+            self.creates_behind.dir_settled(dir).await;
+        }
         // Unlinks in it answered early were sent before this, and are usually carried out
         // by the time it arrives (`rm -rf` then costs one round trip per directory, not
         // two). If one was not (they travel on several channels), the server refuses, and
@@ -2404,6 +2449,8 @@ impl<R: Remote> Fs<R> {
         flags: u32,
     ) -> FsResult<()> {
         self.removes_behind.all_settled().await;
+        // Either name may be one created early: its OPEN goes first.
+        self.creates_behind.all_settled().await;
         let from = self.child_path(parent, name)?;
         let to = self.child_path(new_parent, new_name)?;
         let (source_ino, same_file) = {
@@ -2561,6 +2608,7 @@ impl<R: Remote> Fs<R> {
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
         self.check_writable("link")?;
         self.removes_behind.all_settled().await;
+        self.creates_behind.all_settled().await;
         if let Some(done) = self.link_special(ino, new_parent, new_name).await {
             return done;
         }
@@ -2713,6 +2761,8 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn open(self: &Arc<Self>, ino: Ino, req: OpenRequest) -> FsResult<u64> {
+        // Opened by name: not before a create of it answered early is carried out.
+        self.create_landed(ino).await;
         self.open_reading_along(ino, req, true).await
     }
 
@@ -2943,7 +2993,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn create(
-        &self,
+        self: &Arc<Self>,
         parent: Ino,
         name: &OsStr,
         mode: u32,
@@ -2971,6 +3021,11 @@ impl<R: Remote> Fs<R> {
         // once it is its maker's: never a set-id file of the server's account.
         let giving_away = self.config.lock().unwrap().owners_from_callers;
         let first_perm = if giving_away { perm & !0o6000 } else { perm };
+        if !giving_away && flags.write {
+            if let Some(owner) = self.vouched_absent(parent, name) {
+                return Ok(self.create_early(parent, name, path, flags, perm, owner, req.pid));
+            }
+        }
         let made = if !flags.exclusive {
             let exclusive = OpenFlags {
                 exclusive: true,
@@ -3051,6 +3106,145 @@ impl<R: Remote> Fs<R> {
             }
         }
         Ok((entry, fh))
+    }
+
+    /// The owner a file made as `name` in `parent` would get, if the mount vouches that
+    /// there is no such name (see `MetaCache::made_dir_lacks`) and the create may be
+    /// answered early; it then counts as on its way.
+    fn vouched_absent(&self, parent: Ino, name: &OsStr) -> Option<(u32, u32)> {
+        let owner = self.cache.lock().unwrap().made_dir_lacks(parent, name)?;
+        self.creates_behind.begin(parent, name).then_some(owner)
+    }
+
+    /// A create answered before the server has made the file, as a local filesystem
+    /// answers from memory: in a directory made through the mount, where it vouches the
+    /// name is free (`vouched_absent`). Extracting an archive or checking out a tree makes
+    /// one file after another in new directories, and each create that waits for its OPEN
+    /// costs a round trip, the server's file creation included: `tar` spends it now on
+    /// the file's writes instead. The OPEN (exclusive, as every create here) goes out at
+    /// once; the descriptor's handle is not known until its answer (`OpenFile::pending`),
+    /// and whatever needs it waits: its writes are queued behind it (and answered as ever,
+    /// write-behind), its flush, fsync and close wait for it. So does what could overtake
+    /// it on another channel, or show attributes made up here: a lookup of the name, a
+    /// listing of the directory and what waits for every unlink on its way (create, mkdir,
+    /// rename, link), and a `stat`, `open`, `unlink` or change by name of the file
+    /// (`create_landed`).
+    ///
+    /// If the server refuses the OPEN (a file of that name made on its side meanwhile, its
+    /// disk full, permissions changed there), the descriptor's writes, its flush and close
+    /// fail with that error, like a write-behind that failed; nothing is written anywhere,
+    /// and the name is looked up again. What an application cannot learn this way is
+    /// whether an `O_EXCL` create won against a creator on the server's side in that
+    /// instant (its `close` fails instead of its `open`); the mount never answers early in
+    /// a directory it did not make itself, and never once the listing kept since is gone.
+    #[allow(clippy::too_many_arguments)]
+    fn create_early(
+        self: &Arc<Self>,
+        parent: Ino,
+        name: &OsStr,
+        path: PathBuf,
+        flags: OpenFlags,
+        perm: u32,
+        owner: (u32, u32),
+        opener: u32,
+    ) -> (Entry, u64) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as crate::remote::Seconds);
+        let made_up = Attrs {
+            size: Some(0),
+            uid: Some(owner.0),
+            gid: Some(owner.1),
+            mode: Some(libc::S_IFREG | perm),
+            atime: Some(now),
+            mtime: Some(now),
+        };
+        let since = self.cache.lock().unwrap().now();
+        self.cache.lock().unwrap().name_added(
+            parent,
+            DirEntry {
+                name: name.to_os_string(),
+                attrs: made_up,
+                nlink: None,
+            },
+        );
+        let attr = self.remember(parent, name, made_up, Some(1), since);
+        let ino = attr.ino;
+        self.enforcer.quota.created(ino);
+        let flags = OpenFlags {
+            exclusive: true,
+            ..flags
+        };
+        let (fh, file, pending) = self.register_pending_file(ino, flags, opener);
+        // Its times are the server's to give: until they come, `stat` asks (and waits).
+        file.set_created(Attrs {
+            atime: None,
+            mtime: None,
+            ..made_up
+        });
+        let fs = self.clone();
+        let name = name.to_os_string();
+        self.runtime().spawn(async move {
+            let outcome = match fs.remote.open_stat(&path, flags, perm).await {
+                Ok((handle, mut attrs)) => {
+                    if attrs.mode.is_some_and(|m| m & 0o7777 != perm) {
+                        // The server's umask: put the mode asked for, before any write.
+                        let set = SetAttrs {
+                            perm: Some(perm),
+                            ..Default::default()
+                        };
+                        if fs.remote.fsetstat(&handle, set).await.is_ok() {
+                            attrs.mode = Some(libc::S_IFREG | perm);
+                        }
+                    }
+                    Ok((handle, attrs))
+                }
+                Err(e) => Err(e),
+            };
+            match outcome {
+                Ok((handle, attrs)) => {
+                    file.landed(&attrs);
+                    pending.opened(Ok(handle));
+                    fs.attrs_changed_as_of(ino, attrs, since);
+                    // The kernel keeps what the create was answered with (for the entry TTL:
+                    // one TTL for both): if the server's clock or account gave the file other
+                    // times or owners, it must ask again.
+                    let shown =
+                        |a: &Attrs| (a.mode.map(|m| m & 0o7777), a.uid, a.gid, a.atime, a.mtime);
+                    if shown(&attrs) != shown(&made_up) {
+                        fs.kernel_caches.invalidate(vec![ino]);
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), "create answered early: {e}");
+                    // Never a connection error, which would have the name opened again.
+                    let e = match e {
+                        e if e.is_connection_error() => RemoteError::Status(
+                            Status::Failure,
+                            format!("the create may not have been carried out: {e}"),
+                        ),
+                        e => e,
+                    };
+                    file.latch(e.clone());
+                    pending.opened(Err(e));
+                    fs.enforcer.quota.release_entry(Some(ino), 0);
+                    fs.name_uncertain(parent, &name);
+                }
+            }
+            fs.creates_behind.land(parent, &name, None);
+        });
+        (self.entry(attr), fh)
+    }
+
+    /// Wait until the OPEN of a create of `ino` answered early has its answer.
+    async fn create_landed(&self, ino: Ino) {
+        let files: Vec<_> = {
+            let files = self.files.lock().unwrap();
+            files.values().filter(|f| f.ino == ino).cloned().collect()
+        };
+        for f in files {
+            f.handle_version().await;
+        }
     }
 
     /// mknod(2). A regular file is created as `create` with `O_EXCL` would (sshfs does the
@@ -3328,6 +3522,12 @@ impl<R: Remote> Fs<R> {
         })
     }
 
+    /// FSTAT through a descriptor's handle (waiting for it, if its create was answered
+    /// early).
+    async fn fstat_of(&self, file: &OpenFile<R>) -> Result<Attrs, RemoteError> {
+        self.remote.fstat(&file.handle().await?).await
+    }
+
     fn file(&self, fh: u64) -> FsResult<Arc<OpenFile<R>>> {
         self.files
             .lock()
@@ -3568,7 +3768,7 @@ impl<R: Remote> Fs<R> {
         F: Fn(R::Handle) -> Fut,
         Fut: std::future::Future<Output = Result<T, RemoteError>>,
     {
-        let (handle, version) = file.versioned_handle().await;
+        let (handle, version) = file.versioned_handle().await?;
         match op(handle).await {
             Err(RemoteError::StaleHandle | RemoteError::Disconnected(_)) => {
                 let (mut handle, _) = self.reopen(file, version).await.map_err(|e| {
@@ -3576,7 +3776,7 @@ impl<R: Remote> Fs<R> {
                 })?;
                 if file.writes_pending() {
                     self.drain_inode(file.ino).await;
-                    handle = file.handle().await;
+                    handle = file.handle().await?;
                 }
                 op(handle).await
             }
@@ -3690,6 +3890,9 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let file = self.file(fh)?;
+        // Created early: whether the server made it is known once its OPEN is answered, and
+        // a failure is latched for the tell below.
+        file.handle_version().await;
         self.attrs_behind_writes(&file).await;
         file.settle(self).await;
         if file.flags.write {
@@ -3730,7 +3933,7 @@ impl<R: Remote> Fs<R> {
         if !file.writes_pending() || !self.goes_behind_writes(file) {
             return;
         }
-        let attrs = self.remote.fstat(&file.handle().await).await;
+        let attrs = self.fstat_of(file).await;
         file.settle(self).await;
         let clean = self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again
             && file.pending_failure().is_none();
@@ -3799,7 +4002,10 @@ impl<R: Remote> Fs<R> {
             // anything is unusual on the way (it fails, or a lost connection made writes go
             // again, maybe after it), the ordinary way below is taken.
             let sent_again = self.stats.writes_sent_again.load(Ordering::Relaxed);
-            let synced = self.remote.fsync(&file.handle().await).await;
+            let synced = match file.handle().await {
+                Ok(handle) => self.remote.fsync(&handle).await,
+                Err(e) => Err(e),
+            };
             file.settle(self).await;
             let clean = matches!(synced, Ok(()) | Err(RemoteError::Unsupported(_)))
                 && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
@@ -3876,7 +4082,8 @@ impl<R: Remote> Fs<R> {
         // reported write failures), so do not make the application wait for it. The extra
         // lanes of striped writes are closed with the handle (nothing is in flight on them:
         // drained above).
-        let mut handles = vec![file.handle().await];
+        // (None if the create of a descriptor answered early failed: nothing to close.)
+        let mut handles: Vec<_> = file.handle().await.into_iter().collect();
         handles.extend(file.take_lanes());
         file::close_in_background(&self.remote, handles);
         match unreported {
@@ -3888,6 +4095,7 @@ impl<R: Remote> Fs<R> {
     /// Wait for every write in flight on every open file (before a downgrade or unmount).
     pub async fn flush_all(self: &Arc<Self>) -> FsResult<()> {
         let files: Vec<_> = self.files.lock().unwrap().values().cloned().collect();
+        self.creates_behind.all_settled().await;
         self.removes_behind.all_settled().await;
         let mut first = match self.removes_behind.take_any_failure() {
             Some(e) => Err(e),
@@ -3913,6 +4121,8 @@ impl<R: Remote> Fs<R> {
     /// mount's own changes keep up to date. A listing another request is fetching (a prefetch,
     /// lookups) is waited for rather than asked for again.
     pub async fn opendir(self: &Arc<Self>, ino: Ino) -> FsResult<u64> {
+        // Creates in it answered early: listed with the server's attributes, once they are in.
+        self.creates_behind.dir_settled(ino).await;
         let path = self.path_of(ino)?;
         self.entering_dir(ino);
         if ino == ROOT_INO {

@@ -1,0 +1,201 @@
+//! Creates answered before the server's OPEN (`Fs::create_early`): only in a directory made
+//! through the mount, and what depends on the file waits for the OPEN.
+
+use super::*;
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+
+/// How long a call the test expects to return without the server may take (a hang guard:
+/// a correct build returns at once; a wrong one waits for the held OPEN forever).
+const AT_ONCE: Duration = Duration::from_secs(10);
+
+/// `name` created in `dir` as tar does (`O_WRONLY|O_CREAT|O_EXCL`), within [`AT_ONCE`].
+async fn create_at_once(h: &Harness, dir: Ino, name: &str) -> (Ino, u64) {
+    let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
+    let created = tokio::time::timeout(
+        AT_ONCE,
+        h.fs.create(dir, OsStr::new(name), FILE_MODE, UMASK, as_root(flags)),
+    )
+    .await
+    .expect("the create waited for the held OPEN")
+    .unwrap();
+    (created.0.attr.ino, created.1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_in_a_directory_made_here_is_answered_before_its_open() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    h.plan.hold(ROp::Open);
+    let (f, fh) = create_at_once(&h, d, "f").await;
+    // Written behind it, as any write: answered at once.
+    tokio::time::timeout(AT_ONCE, h.fs.write(fh, 0, b"hello"))
+        .await
+        .expect("the write waited for the held OPEN")
+        .unwrap();
+    h.plan.until_held(ROp::Open, 1).await;
+    // What needs the file on the server waits for the OPEN: the close, a stat by name, a
+    // lookup of the name, a listing of the directory.
+    let flush = spawn_flush(&h, fh);
+    let stat = {
+        let fs = h.fs.clone();
+        tokio::spawn(async move { fs.getattr(f, None).await })
+    };
+    let lookup = {
+        let fs = h.fs.clone();
+        tokio::spawn(async move { fs.lookup(d, OsStr::new("f")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!flush.is_finished(), "the close did not wait for the OPEN");
+    assert!(!stat.is_finished(), "stat did not wait for the OPEN");
+    assert!(
+        !lookup.is_finished(),
+        "the lookup did not wait for the OPEN"
+    );
+    assert!(!h.disk("d/f").exists());
+    h.plan.release(ROp::Open);
+    flush.await.unwrap().unwrap();
+    let (attr, _) = stat.await.unwrap().unwrap();
+    assert_eq!(attr.kind, FileKind::File);
+    assert_eq!(lookup.await.unwrap().unwrap().attr.ino, f);
+    assert_eq!(fs::read(h.disk("d/f")).unwrap(), b"hello");
+    let on_disk = fs::metadata(h.disk("d/f")).unwrap();
+    assert_eq!(on_disk.mode() & 0o7777, 0o644);
+    // The attributes shown are the server's, its times included.
+    let (attr, _) = h.fs.getattr(f, None).await.unwrap();
+    assert_eq!((attr.size, attr.perm), (5, 0o644));
+    assert_eq!(secs(attr.mtime) as i64, on_disk.mtime());
+    h.fs.release(fh).await.unwrap();
+}
+
+/// Spawn the close (flush) of `fh`.
+fn spawn_flush(h: &Harness, fh: u64) -> tokio::task::JoinHandle<FsResult<()>> {
+    let fs = h.fs.clone();
+    tokio::spawn(async move { fs.flush(fh).await })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_elsewhere_waits_for_its_open() {
+    let h = Harness::new();
+    // Made on the server: the mount cannot vouch for what is in it.
+    fs::create_dir(h.disk("theirs")).unwrap();
+    let theirs = h.lookup(ROOT, "theirs").await;
+    let listed = h.fs.opendir(theirs).await.unwrap();
+    h.fs.releasedir(listed);
+    for dir in [ROOT, theirs] {
+        h.plan.hold(ROp::Open);
+        let create = {
+            let fs = h.fs.clone();
+            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
+            tokio::spawn(async move {
+                fs.create(dir, OsStr::new("f"), FILE_MODE, UMASK, as_root(flags))
+                    .await
+            })
+        };
+        h.plan.until_held(ROp::Open, 1).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!create.is_finished(), "create in {dir} answered early");
+        h.plan.release(ROp::Open);
+        let (_, fh) = create.await.unwrap().unwrap();
+        h.fs.release(fh).await.unwrap();
+    }
+    // A directory made here whose listing was dropped (its TTL ran out): the same.
+    let d = h.mkdir(ROOT, "d").await;
+    h.fs.cache.lock().unwrap().expire_all();
+    h.plan.hold(ROp::Open);
+    let create = {
+        let fs = h.fs.clone();
+        let flags = libc::O_WRONLY | libc::O_CREAT;
+        tokio::spawn(async move {
+            fs.create(d, OsStr::new("g"), FILE_MODE, UMASK, as_root(flags))
+                .await
+        })
+    };
+    h.plan.until_held(ROp::Open, 1).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(
+        !create.is_finished(),
+        "create answered early without a listing"
+    );
+    h.plan.release(ROp::Open);
+    let (_, fh) = create.await.unwrap().unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_answered_early_that_the_server_refuses_fails_its_close() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    // Made on the server's side behind the mount's back, after its listing of `d`.
+    fs::write(h.disk("d/f"), b"theirs").unwrap();
+    let (_, fh) = create_at_once(&h, d, "f").await;
+    h.write(fh, 0, b"mine, lost").await;
+    let err =
+        h.fs.flush(fh)
+            .await
+            .expect_err("the close hid the failed create");
+    assert_ne!(err.errno, 0);
+    // Nothing of theirs was touched, and the name leads to their file now.
+    assert_eq!(fs::read(h.disk("d/f")).unwrap(), b"theirs");
+    let _ = h.fs.release(fh).await;
+    let e = h.fs.lookup(d, OsStr::new("f")).await.unwrap();
+    assert_eq!(e.attr.size, 6);
+    // The same with nothing written (a lock file): its close reports it. (In another new
+    // directory: what the mount knew of `d` is gone with the failure.)
+    let d2 = h.mkdir(ROOT, "d2").await;
+    fs::write(h.disk("d2/lock"), b"").unwrap();
+    let (_, fh) = create_at_once(&h, d2, "lock").await;
+    h.fs.flush(fh)
+        .await
+        .expect_err("the close of a lock file hid the failed create");
+    let _ = h.fs.release(fh).await;
+    assert_eq!(h.open_handles().await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_could_overtake_a_create_answered_early_waits_for_it() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    h.plan.hold(ROp::Open);
+    let (f, fh) = create_at_once(&h, d, "f").await;
+    h.plan.until_held(ROp::Open, 1).await;
+    let tasks = {
+        let (a, b, c) = (h.fs.clone(), h.fs.clone(), h.fs.clone());
+        vec![
+            // A change of its mode by name (no descriptor), a second open, an unlink.
+            tokio::spawn(async move {
+                let set = SetattrRequest {
+                    mode: Some(0o600),
+                    ..Default::default()
+                };
+                a.setattr(f, None, set).await.map(|_| None)
+            }),
+            tokio::spawn(async move { b.open(f, as_root(libc::O_RDONLY)).await.map(Some) }),
+            tokio::spawn(async move { c.rmdir(ROOT, OsStr::new("d")).await.map(|_| None) }),
+        ]
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for op in [ROp::Setstat, ROp::Rmdir] {
+        assert_eq!(h.plan.calls(op), 0, "{op:?} went before the held OPEN");
+    }
+    assert!(tasks.iter().all(|t| !t.is_finished()));
+    h.plan.release(ROp::Open);
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    outcomes[0].as_ref().unwrap();
+    let second = outcomes[1].as_ref().unwrap().unwrap();
+    h.fs.release(second).await.unwrap();
+    assert_eq!(
+        outcomes[2].as_ref().unwrap_err().errno,
+        libc::ENOTEMPTY,
+        "rmdir of a directory holding a file created early"
+    );
+    let on_disk = fs::metadata(h.disk("d/f")).unwrap();
+    assert_eq!(on_disk.mode() & 0o7777, 0o600);
+    h.fs.unlink(d, OsStr::new("f")).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    h.fs.fsyncdir(d).await.unwrap();
+    assert!(!h.disk("d/f").exists());
+}
