@@ -37,7 +37,7 @@ Options for -o (comma-separated, repeatable):
           ServerAliveInterval=SECS  ServerAliveCountMax=N
   sshfs:  reconnect  follow_symlinks  max_conns=N (1-10, default 4)  idmap=user|none
           dir_cache=yes|no  dcache_timeout=SECS  dcache_max_size=N  kernel_cache
-          max_readahead=BYTES (default 8 MiB)  sync_unlink
+          max_readahead=BYTES (default 8 MiB)  sync_unlink  sync_create
   FUSE:   ro  allow_other  allow_root  default_permissions  entry_timeout=SECS
           attr_timeout=SECS  negative_timeout=SECS  fsname=NAME  subtype=NAME
           noexec  noatime  sync

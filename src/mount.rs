@@ -404,6 +404,7 @@ fn run_inner(
         idmap,
         enforcer: enforcer.clone(),
         sync_unlink: req.options.sync_unlink,
+        sync_create: req.options.sync_create,
         owners_from_callers: req.options.allow_other,
     };
     let fs = Arc::new(Fs::new(

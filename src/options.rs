@@ -30,6 +30,9 @@ pub struct MountOptions {
     /// `sync_unlink`: unlink waits for the server's answer (default: answered early when the
     /// mount can vouch for it; see SEMANTICS.md).
     pub sync_unlink: bool,
+    /// `sync_create`: create waits for the server's OPEN (default: answered early in a
+    /// directory made through the mount; see SEMANTICS.md).
+    pub sync_create: bool,
     pub read_only: bool,
     pub allow_other: bool,
     pub allow_root: bool,
@@ -245,6 +248,7 @@ impl MountOptions {
             ("reconnect", None) => self.reconnect = true,
             ("follow_symlinks", None) => self.follow_symlinks = true,
             ("sync_unlink", None) => self.sync_unlink = true,
+            ("sync_create", None) => self.sync_create = true,
             ("ro", None) => self.read_only = true,
             ("allow_other", None) => self.allow_other = true,
             ("allow_root", None) => self.allow_root = true,
@@ -312,6 +316,7 @@ impl MountOptions {
                 "reconnect"
                 | "follow_symlinks"
                 | "sync_unlink"
+                | "sync_create"
                 | "ro"
                 | "allow_other"
                 | "allow_root"
@@ -471,6 +476,9 @@ mod tests {
         assert!(o.apply("sync_unlink=yes").is_err());
         o.apply("sync_unlink").unwrap();
         assert!(o.sync_unlink);
+        assert!(o.apply("sync_create=1").is_err());
+        o.apply("sync_create").unwrap();
+        assert!(o.sync_create);
         assert!(o.apply("attr_timeout").is_err());
         assert!(o.apply("max_conns=50").is_err());
     }

@@ -181,6 +181,8 @@ pub struct FsConfig {
     pub enforcer: Arc<Enforcer>,
     /// `sync_unlink`: every unlink waits for the server's answer (see `remove_behind`).
     pub sync_unlink: bool,
+    /// `sync_create`: every create waits for the server's OPEN (see `Fs::create_early`).
+    pub sync_create: bool,
     /// `allow_other`: local users share the mount, and a new file, directory or symlink
     /// belongs to the one who made it, as on a local disk, when the server's account can
     /// give it away (it is root). See `owner_for_new`.
@@ -3019,9 +3021,12 @@ impl<R: Remote> Fs<R> {
         // was there already: so it is made exclusively, and opened the plain way if it turns
         // out to exist. On a shared mount it is made without set-id bits, and gets them only
         // once it is its maker's: never a set-id file of the server's account.
-        let giving_away = self.config.lock().unwrap().owners_from_callers;
+        let (giving_away, sync_create) = {
+            let c = self.config.lock().unwrap();
+            (c.owners_from_callers, c.sync_create)
+        };
         let first_perm = if giving_away { perm & !0o6000 } else { perm };
-        if !giving_away && flags.write {
+        if !giving_away && !sync_create && flags.write {
             if let Some(owner) = self.vouched_absent(parent, name) {
                 return Ok(self.create_early(parent, name, path, flags, perm, owner, req.pid));
             }

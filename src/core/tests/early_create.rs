@@ -102,21 +102,33 @@ async fn a_create_elsewhere_waits_for_its_open() {
     // A directory made here whose listing was dropped (its TTL ran out): the same.
     let d = h.mkdir(ROOT, "d").await;
     h.fs.cache.lock().unwrap().expire_all();
+    waits_for_its_open(&h, d, "after the listing ran out").await;
+    // And every create with `sync_create`.
+    let h = Harness::with(
+        FsConfig {
+            sync_create: true,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    let d = h.mkdir(ROOT, "d").await;
+    waits_for_its_open(&h, d, "with sync_create").await;
+}
+
+/// A create of `g` in `dir` waits for its OPEN (`when`: the case, for the message).
+async fn waits_for_its_open(h: &Harness, dir: Ino, when: &str) {
     h.plan.hold(ROp::Open);
     let create = {
         let fs = h.fs.clone();
         let flags = libc::O_WRONLY | libc::O_CREAT;
         tokio::spawn(async move {
-            fs.create(d, OsStr::new("g"), FILE_MODE, UMASK, as_root(flags))
+            fs.create(dir, OsStr::new("g"), FILE_MODE, UMASK, as_root(flags))
                 .await
         })
     };
     h.plan.until_held(ROp::Open, 1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(
-        !create.is_finished(),
-        "create answered early without a listing"
-    );
+    assert!(!create.is_finished(), "create answered early {when}");
     h.plan.release(ROp::Open);
     let (_, fh) = create.await.unwrap().unwrap();
     h.fs.release(fh).await.unwrap();
@@ -129,7 +141,8 @@ async fn a_create_answered_early_that_the_server_refuses_fails_its_close() {
     // Made on the server's side behind the mount's back, after its listing of `d`.
     fs::write(h.disk("d/f"), b"theirs").unwrap();
     let (_, fh) = create_at_once(&h, d, "f").await;
-    h.write(fh, 0, b"mine, lost").await;
+    // (Refused already if the OPEN's answer came first.)
+    let _ = h.fs.write(fh, 0, b"mine, lost").await;
     let err =
         h.fs.flush(fh)
             .await
