@@ -3376,6 +3376,48 @@ fn write_and_close(path: &Path, data: &[u8], fsync: bool) -> (io::Result<()>, &'
     first
 }
 
+/// A create in a directory made through the mount is answered before the server has made the
+/// file. A file put under that name on the server's side in the meantime (within the listing
+/// TTL) makes it fail at the close, through a real mount, and the server's file is left as it
+/// was; with `sync_create` the open itself fails with `EEXIST`, as on a local disk.
+#[test]
+fn a_create_answered_early_that_loses_to_the_server_fails_at_close() {
+    use std::os::fd::IntoRawFd;
+    for (opts, early) in [(&[][..], true), (&["sync_create"][..], false)] {
+        let m = TestMount::start(opts);
+        fs::create_dir(m.p("d")).unwrap();
+        fs::write(m.e("d/f"), b"theirs").unwrap();
+        let opened = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(m.p("d/f"));
+        if early {
+            let mut f = opened.expect("a create in a directory made here is answered early");
+            // (Refused already if the server's answer came first.)
+            let _ = f.write_all(b"mine");
+            let fd = f.into_raw_fd();
+            // SAFETY: we own fd and close it exactly once.
+            let closed = last_os_error(unsafe { libc::close(fd) });
+            assert!(closed.is_err(), "the close hid the failed create");
+        } else {
+            let e = opened.expect_err("sync_create: the open waits for the server");
+            assert_eq!(e.raw_os_error(), Some(libc::EEXIST), "{opts:?}");
+        }
+        assert_eq!(fs::read(m.e("d/f")).unwrap(), b"theirs", "{opts:?}");
+        // The mount shows their file (once the kernel has dropped the name it was told of).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match fs::read(m.p("d/f")) {
+                Ok(data) if data == b"theirs" => break,
+                seen if std::time::Instant::now() > deadline => {
+                    panic!("{opts:?}: the mount shows {seen:?} for d/f")
+                }
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+}
+
 #[test]
 fn server_write_errors_reach_the_application() {
     let sshd = TestSshd::start();

@@ -197,7 +197,16 @@ impl<R: Remote> Fs<R> {
         job: Job,
     ) -> Result<FsResult<u64>, RemoteError> {
         let remote = &self.remote;
-        let own = input.handle().await?;
+        let own = match input.handle().await {
+            Ok(own) => own,
+            // A create answered early that failed: not the server's refusal of a copy.
+            Err(e) => {
+                return Ok(Err(FsError::new(
+                    libc::EIO,
+                    format!("copy from a file whose create failed: {e}"),
+                )))
+            }
+        };
         let (opened, own) = tokio::join!(
             self.open_by_name(
                 job.ino_in,

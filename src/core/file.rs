@@ -646,14 +646,32 @@ impl<R: Remote> OpenFile<R> {
 
     /// The OPEN of a create answered early made the file, which had `attrs` then: what
     /// this descriptor knows of it gets the times, which were left to the server.
+    /// Owner, group and mode are the server's too (what the mount expected, unless the server
+    /// differs), but for a mode change queued behind since, which comes after.
     pub fn landed(&self, attrs: &Attrs) {
         let mut created = self.created.lock().unwrap();
         if let Some(known) = created.as_mut() {
             known.atime = known.atime.or(attrs.atime);
-            known.mtime = known.mtime.or(attrs.mtime);
+            // A write made meanwhile (queued behind the OPEN) moves the mtime again: it is
+            // the server's to say once the writes are in.
+            if self.written_end.load(Ordering::Relaxed) == 0 && !self.writes_pending() {
+                known.mtime = known.mtime.or(attrs.mtime);
+            }
+            known.uid = attrs.uid.or(known.uid);
+            known.gid = attrs.gid.or(known.gid);
+            if !self.mode_changed_behind.load(Ordering::Acquire) {
+                known.mode = attrs.mode.or(known.mode);
+            }
             let mut last = self.created_mtime.lock().unwrap();
             *last = last.or(attrs.mtime);
         }
+    }
+
+    /// Why this descriptor has no handle and never will (its create, answered early, was
+    /// refused); None while the OPEN is on its way, and for every other descriptor.
+    pub fn never_opened(&self) -> Option<RemoteError> {
+        let slot = self.handle.try_read().ok()?;
+        slot.0.as_ref().err().cloned()
     }
 
     /// Keep the attributes known after a change written behind; None: no longer known.

@@ -1662,8 +1662,10 @@ impl<R: Remote> Fs<R> {
                 return done;
             }
         }
-        // By path or another handle: not before the file is there.
+        // By path or another handle: not before the file is there (nor, for a directory,
+        // before the files created early in it: a mode or times set could overtake them).
         self.create_landed(ino).await;
+        self.creates_behind.dir_settled(ino).await;
         // Changed otherwise: what descriptors that created the file knew of it is stale.
         self.forget_created(ino);
         let (kind, data_changes) = {
@@ -2306,6 +2308,7 @@ impl<R: Remote> Fs<R> {
     /// `fsync` of a directory: the unlinks in it answered early have reached the server, and
     /// the first one the server refused since the last fsync is reported.
     pub async fn fsyncdir(&self, ino: Ino) -> FsResult<()> {
+        self.creates_behind.dir_settled(ino).await;
         self.removes_behind.dir_settled(ino).await;
         match self.removes_behind.take_failure(ino) {
             Some(e) => Err(e),
@@ -2693,6 +2696,8 @@ impl<R: Remote> Fs<R> {
         ino: Ino,
         req: OpenRequest,
     ) -> FsResult<(u64, bool)> {
+        // Opened by name: not before a create of it answered early is carried out.
+        self.create_landed(ino).await;
         let before = (Instant::now(), self.cache.lock().unwrap().now());
         // (An open with O_TRUNC empties the kernel's cache of the file anyway.)
         let keep = req.flags & libc::O_TRUNC == 0 && self.page_cache_keepable(ino);
@@ -3067,6 +3072,11 @@ impl<R: Remote> Fs<R> {
                 if flags.exclusive && err.errno == libc::EISDIR {
                     err.errno = libc::EEXIST;
                 }
+                if err.errno == libc::EEXIST {
+                    // Made on the server's side since the name was found absent: neither the
+                    // mount nor the kernel may go on saying it is not there.
+                    self.name_uncertain(parent, name);
+                }
                 return Err(err);
             }
         };
@@ -3187,9 +3197,13 @@ impl<R: Remote> Fs<R> {
             mtime: None,
             ..made_up
         });
-        let fs = self.clone();
-        let name = name.to_os_string();
+        let landing = CreateLanding {
+            fs: self.clone(),
+            parent,
+            name: name.to_os_string(),
+        };
         self.runtime().spawn(async move {
+            let (fs, name) = (&landing.fs, &landing.name);
             let outcome = match fs.remote.open_stat(&path, flags, perm).await {
                 Ok((handle, mut attrs)) => {
                     if attrs.mode.is_some_and(|m| m & 0o7777 != perm) {
@@ -3206,10 +3220,11 @@ impl<R: Remote> Fs<R> {
                 }
                 Err(e) => Err(e),
             };
+            // What waits for the handle (and for `creates_behind`) finds the caches as the
+            // outcome left them: they are brought up to date first.
             match outcome {
                 Ok((handle, attrs)) => {
                     file.landed(&attrs);
-                    pending.opened(Ok(handle));
                     fs.attrs_changed_as_of(ino, attrs, since);
                     // The kernel keeps what the create was answered with (for the entry TTL:
                     // one TTL for both): if the server's clock or account gave the file other
@@ -3219,10 +3234,12 @@ impl<R: Remote> Fs<R> {
                     if shown(&attrs) != shown(&made_up) {
                         fs.kernel_caches.invalidate(vec![ino]);
                     }
+                    pending.opened(Ok(handle));
                 }
                 Err(e) => {
                     tracing::warn!(path = %path.display(), "create answered early: {e}");
-                    // Never a connection error, which would have the name opened again.
+                    // Never a connection error, which would have the name opened again. (A
+                    // lost connection may have left the file made, and empty, on the server.)
                     let e = match e {
                         e if e.is_connection_error() => RemoteError::Status(
                             Status::Failure,
@@ -3230,18 +3247,24 @@ impl<R: Remote> Fs<R> {
                         ),
                         e => e,
                     };
+                    // The name is not this inode's: whatever the server has under it (maybe
+                    // another's file) is looked up afresh, as a new inode.
+                    fs.inodes.lock().unwrap().detach_name(parent, name);
+                    fs.name_uncertain(parent, name);
                     file.latch(e.clone());
+                    // Refused from now on (`OpenFile::never_opened`): later writes are not
+                    // charged to the quota, and what was is given back.
                     pending.opened(Err(e));
-                    fs.enforcer.quota.release_entry(Some(ino), 0);
-                    fs.name_uncertain(parent, &name);
+                    let charged = fs.enforcer.quota.size_of(ino).unwrap_or(0);
+                    fs.enforcer.quota.release_entry(Some(ino), charged);
                 }
             }
-            fs.creates_behind.land(parent, &name, None);
         });
         (self.entry(attr), fh)
     }
 
-    /// Wait until the OPEN of a create of `ino` answered early has its answer.
+    /// Wait until the OPEN of a create of `ino` answered early has its answer (and its
+    /// outcome is in the caches).
     async fn create_landed(&self, ino: Ino) {
         let files: Vec<_> = {
             let files = self.files.lock().unwrap();
@@ -3841,6 +3864,10 @@ impl<R: Remote> Fs<R> {
         let queued = (|| {
             self.check_writable("write")?;
             let file = self.file(fh)?;
+            if let Some(e) = file.never_opened() {
+                // Its create failed: nothing to write to, nothing to charge.
+                return Err(remote_err(Op::Write, &e, "create answered early"));
+            }
             if !data.is_empty() && past_max_offset(offset, data.len() as u64) {
                 return Err(FsError::new(
                     libc::EFBIG,
@@ -4170,8 +4197,9 @@ impl<R: Remote> Fs<R> {
     /// return it with the change clock from before it was asked for.
     async fn list_dir(&self, ino: Ino, path: &Path) -> FsResult<(Arc<Vec<DirEntry>>, u64)> {
         // Names whose unlink was answered early must not be listed again by a server that has
-        // not carried it out yet.
+        // not carried it out yet, nor names created early left out.
         self.removes_behind.dir_settled(ino).await;
+        self.creates_behind.dir_settled(ino).await;
         let since = self.cache.lock().unwrap().now();
         let until = std::time::Instant::now() + self.cache_config().dir_ttl;
         let listing = match self.remote.read_dir(path).await {
@@ -4501,6 +4529,7 @@ impl<R: Remote> Fs<R> {
     /// access(2) without `default_permissions`: existence, read-only mount, and the mode
     /// bits for the class the caller falls in.
     pub async fn access(&self, ino: Ino, mask: i32, uid: u32, gid: u32) -> FsResult<()> {
+        self.create_landed(ino).await;
         let attr = match self.special_attr(ino) {
             Some(attr) => attr,
             None => {
@@ -4547,3 +4576,18 @@ pub const ROOT: Ino = ROOT_INO;
 
 #[cfg(test)]
 mod tests;
+
+/// A create answered early counts as on its way (`Fs::creates_behind`) until this is dropped:
+/// when its OPEN's outcome is in, or if the task carrying it ends any other way (a panic), so
+/// that nothing waits for it forever.
+struct CreateLanding<R: Remote> {
+    fs: Arc<Fs<R>>,
+    parent: Ino,
+    name: OsString,
+}
+
+impl<R: Remote> Drop for CreateLanding<R> {
+    fn drop(&mut self) {
+        self.fs.creates_behind.land(self.parent, &self.name, None);
+    }
+}

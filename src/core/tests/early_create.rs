@@ -28,14 +28,11 @@ async fn a_create_in_a_directory_made_here_is_answered_before_its_open() {
     let d = h.mkdir(ROOT, "d").await;
     h.plan.hold(ROp::Open);
     let (f, fh) = create_at_once(&h, d, "f").await;
-    // Written behind it, as any write: answered at once.
-    tokio::time::timeout(AT_ONCE, h.fs.write(fh, 0, b"hello"))
-        .await
-        .expect("the write waited for the held OPEN")
-        .unwrap();
     h.plan.until_held(ROp::Open, 1).await;
-    // What needs the file on the server waits for the OPEN: the close, a stat by name, a
-    // lookup of the name, a listing of the directory.
+    // What needs the file on the server waits for the OPEN (nothing written yet, which
+    // would make them wait for the writes anyway): the close, a stat by name, a lookup of
+    // the name, and a listing of the directory from the server (fetched ahead when a lookup
+    // finds the directory, once what the mount knew of it has run out).
     let flush = spawn_flush(&h, fh);
     let stat = {
         let fs = h.fs.clone();
@@ -45,6 +42,8 @@ async fn a_create_in_a_directory_made_here_is_answered_before_its_open() {
         let fs = h.fs.clone();
         tokio::spawn(async move { fs.lookup(d, OsStr::new("f")).await })
     };
+    h.fs.cache.lock().unwrap().expire_all();
+    assert_eq!(h.lookup(ROOT, "d").await, d);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert!(!flush.is_finished(), "the close did not wait for the OPEN");
     assert!(!stat.is_finished(), "stat did not wait for the OPEN");
@@ -52,12 +51,30 @@ async fn a_create_in_a_directory_made_here_is_answered_before_its_open() {
         !lookup.is_finished(),
         "the lookup did not wait for the OPEN"
     );
+    assert_eq!(h.plan.calls(ROp::ReadDir), 0, "listed before the OPEN");
     assert!(!h.disk("d/f").exists());
+    // Written behind it, as any write: answered at once.
+    tokio::time::timeout(AT_ONCE, h.fs.write(fh, 0, b"hello"))
+        .await
+        .expect("the write waited for the held OPEN")
+        .unwrap();
     h.plan.release(ROp::Open);
     flush.await.unwrap().unwrap();
     let (attr, _) = stat.await.unwrap().unwrap();
     assert_eq!(attr.kind, FileKind::File);
     assert_eq!(lookup.await.unwrap().unwrap().attr.ino, f);
+    // The listing fetched ahead shows the file.
+    let listed = h.fs.opendir(d).await.unwrap();
+    let names: Vec<_> =
+        h.fs.readdir(listed, 0)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|i| i.name)
+            .collect();
+    h.fs.releasedir(listed);
+    assert!(names.iter().any(|n| n == "f"), "listed: {names:?}");
+    h.fs.flush(fh).await.unwrap();
     assert_eq!(fs::read(h.disk("d/f")).unwrap(), b"hello");
     let on_disk = fs::metadata(h.disk("d/f")).unwrap();
     assert_eq!(on_disk.mode() & 0o7777, 0o644);
@@ -137,10 +154,17 @@ async fn waits_for_its_open(h: &Harness, dir: Ino, when: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_answered_early_that_the_server_refuses_fails_its_close() {
     let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(1 << 20), Some(100));
     let d = h.mkdir(ROOT, "d").await;
+    let usage = || {
+        let u = quota.usage();
+        (u.bytes, u.files)
+    };
+    let quota_before = usage();
     // Made on the server's side behind the mount's back, after its listing of `d`.
     fs::write(h.disk("d/f"), b"theirs").unwrap();
-    let (_, fh) = create_at_once(&h, d, "f").await;
+    let (f, fh) = create_at_once(&h, d, "f").await;
     // (Refused already if the OPEN's answer came first.)
     let _ = h.fs.write(fh, 0, b"mine, lost").await;
     let err =
@@ -148,18 +172,32 @@ async fn a_create_answered_early_that_the_server_refuses_fails_its_close() {
             .await
             .expect_err("the close hid the failed create");
     assert_ne!(err.errno, 0);
-    // Nothing of theirs was touched, and the name leads to their file now.
+    // Nothing of theirs was touched, and the name leads to their file now, as a new inode.
     assert_eq!(fs::read(h.disk("d/f")).unwrap(), b"theirs");
     let _ = h.fs.release(fh).await;
     let e = h.fs.lookup(d, OsStr::new("f")).await.unwrap();
     assert_eq!(e.attr.size, 6);
-    // The same with nothing written (a lock file): its close reports it. (In another new
-    // directory: what the mount knew of `d` is gone with the failure.)
+    assert_ne!(
+        e.attr.ino, f,
+        "their file took the inode of the create that failed"
+    );
+    // The quota is as before: no entry, no bytes for what was never written.
+    assert_eq!(usage(), quota_before);
+    // The same with nothing written (a lock file): its close waits for the OPEN, and
+    // reports it. (In another new directory: what the mount knew of `d` went with the
+    // failure.)
     let d2 = h.mkdir(ROOT, "d2").await;
     fs::write(h.disk("d2/lock"), b"").unwrap();
+    h.plan.hold(ROp::Open);
     let (_, fh) = create_at_once(&h, d2, "lock").await;
-    h.fs.flush(fh)
+    h.plan.until_held(ROp::Open, 1).await;
+    let flush = spawn_flush(&h, fh);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!flush.is_finished(), "the close did not wait for the OPEN");
+    h.plan.release(ROp::Open);
+    flush
         .await
+        .unwrap()
         .expect_err("the close of a lock file hid the failed create");
     let _ = h.fs.release(fh).await;
     assert_eq!(h.open_handles().await, 0);
@@ -169,13 +207,16 @@ async fn a_create_answered_early_that_the_server_refuses_fails_its_close() {
 async fn what_could_overtake_a_create_answered_early_waits_for_it() {
     let h = Harness::new();
     let d = h.mkdir(ROOT, "d").await;
+    let e = h.mkdir(ROOT, "e").await;
     h.plan.hold(ROp::Open);
     let (f, fh) = create_at_once(&h, d, "f").await;
-    h.plan.until_held(ROp::Open, 1).await;
+    let (_, gh) = create_at_once(&h, e, "g").await;
+    h.plan.until_held(ROp::Open, 2).await;
     let tasks = {
-        let (a, b, c) = (h.fs.clone(), h.fs.clone(), h.fs.clone());
+        let (a, b, c, u) = (h.fs.clone(), h.fs.clone(), h.fs.clone(), h.fs.clone());
         vec![
-            // A change of its mode by name (no descriptor), a second open, an unlink.
+            // A change of its mode by name (no descriptor), a second open (as the kernel
+            // asks for one), an rmdir of its directory, an unlink of the other file.
             tokio::spawn(async move {
                 let set = SetattrRequest {
                     mode: Some(0o600),
@@ -183,15 +224,25 @@ async fn what_could_overtake_a_create_answered_early_waits_for_it() {
                 };
                 a.setattr(f, None, set).await.map(|_| None)
             }),
-            tokio::spawn(async move { b.open(f, as_root(libc::O_RDONLY)).await.map(Some) }),
+            tokio::spawn(async move {
+                b.open_keeping_cache(f, as_root(libc::O_RDONLY))
+                    .await
+                    .map(|(fh, _)| Some(fh))
+            }),
             tokio::spawn(async move { c.rmdir(ROOT, OsStr::new("d")).await.map(|_| None) }),
+            tokio::spawn(async move { u.unlink(e, OsStr::new("g")).await.map(|_| None) }),
         ]
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    for op in [ROp::Setstat, ROp::Rmdir] {
+    for op in [ROp::Setstat, ROp::Rmdir, ROp::Remove] {
         assert_eq!(h.plan.calls(op), 0, "{op:?} went before the held OPEN");
     }
-    assert!(tasks.iter().all(|t| !t.is_finished()));
+    // (The second open is held too if it was sent: only the two creates may be.)
+    assert_eq!(
+        h.plan.waiting_at_hold(ROp::Open),
+        2,
+        "an OPEN went before the held one"
+    );
     h.plan.release(ROp::Open);
     let mut outcomes = Vec::new();
     for t in tasks {
@@ -205,10 +256,43 @@ async fn what_could_overtake_a_create_answered_early_waits_for_it() {
         libc::ENOTEMPTY,
         "rmdir of a directory holding a file created early"
     );
+    outcomes[3].as_ref().unwrap();
     let on_disk = fs::metadata(h.disk("d/f")).unwrap();
     assert_eq!(on_disk.mode() & 0o7777, 0o600);
     h.fs.unlink(d, OsStr::new("f")).await.unwrap();
     h.fs.release(fh).await.unwrap();
+    h.fs.release(gh).await.unwrap();
     h.fs.fsyncdir(d).await.unwrap();
+    h.fs.fsyncdir(e).await.unwrap();
     assert!(!h.disk("d/f").exists());
+    assert!(!h.disk("e/g").exists());
+}
+
+/// What the mount vouches for ends with what it knew: a change of the directory's
+/// attributes, or a listing from the server in place of the one kept since the mkdir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_changed_or_listed_again_is_not_vouched_for() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    let set = SetattrRequest {
+        mode: Some(0o2755),
+        ..Default::default()
+    };
+    h.fs.setattr(d, None, set).await.unwrap();
+    waits_for_its_open(&h, d, "after a chmod of the directory").await;
+    let e = h.mkdir(ROOT, "e").await;
+    assert!(h
+        .fs
+        .cache
+        .lock()
+        .unwrap()
+        .made_dir_lacks(e, OsStr::new("x"))
+        .is_some());
+    let listing = Arc::new(Vec::new());
+    h.fs.cache.lock().unwrap().put_dir_until(
+        e,
+        listing,
+        std::time::Instant::now() + Duration::from_secs(60),
+    );
+    waits_for_its_open(&h, e, "after a listing from the server").await;
 }
