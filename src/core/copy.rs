@@ -159,6 +159,14 @@ impl<R: Remote> Fs<R> {
             offset_out,
             len,
         };
+        // (Waits for a create of either answered early.) Into a file whose create failed: the
+        // failure is the file's, not the server's refusal of copies.
+        if let Some(e) = out.handle().await.err() {
+            return Err(FsError::new(
+                libc::EIO,
+                format!("copy into a file whose create failed: {e}"),
+            ));
+        }
         let result = self
             .with_handle(&out, |to| self.copy_once(&input, to, job))
             .await;

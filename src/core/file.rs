@@ -586,6 +586,8 @@ pub struct OpenFile<R: Remote> {
     /// whether the server took it is not known here, and `stat` asks the server (see
     /// [`OpenFile::attrs_while_writing`]).
     mode_changed_behind: AtomicBool,
+    /// Something was written through this descriptor (see [`OpenFile::landed`]).
+    written: AtomicBool,
     /// Times were queued behind this descriptor's writes: the mtime `created_mtime` keeps
     /// may be one set, which a later write moves to the server's clock.
     times_set_behind: AtomicBool,
@@ -628,6 +630,7 @@ impl<R: Remote> OpenFile<R> {
             created: Mutex::new(None),
             created_mtime: Mutex::new(None),
             mode_changed_behind: AtomicBool::new(false),
+            written: AtomicBool::new(false),
             times_set_behind: AtomicBool::new(false),
             attrs_settled_at: AtomicU64::new(0),
         }
@@ -654,7 +657,7 @@ impl<R: Remote> OpenFile<R> {
             known.atime = known.atime.or(attrs.atime);
             // A write made meanwhile (queued behind the OPEN) moves the mtime again: it is
             // the server's to say once the writes are in.
-            if self.written_end.load(Ordering::Relaxed) == 0 && !self.writes_pending() {
+            if !self.written.load(Ordering::Acquire) {
                 known.mtime = known.mtime.or(attrs.mtime);
             }
             known.uid = attrs.uid.or(known.uid);
@@ -907,7 +910,10 @@ impl<R: Remote> OpenFile<R> {
         offset: u64,
         data: Bytes,
     ) -> Option<Option<oneshot::Receiver<WriteAnswer>>> {
-        if let Some(a) = self.created.lock().unwrap().as_mut() {
+        let mut created = self.created.lock().unwrap();
+        // Under the same lock as `landed`, which must not take the OPEN's mtime after this.
+        self.written.store(true, Ordering::Release);
+        if let Some(a) = created.as_mut() {
             // The server sets the mtime as the write lands: no longer known here. One set
             // behind the writes is not even a lower bound of it (it may be years back): the
             // server is asked until the writes are in.
@@ -915,6 +921,7 @@ impl<R: Remote> OpenFile<R> {
                 *self.created_mtime.lock().unwrap() = None;
             }
         }
+        drop(created);
         let end = offset + data.len() as u64;
         let early = match self.failure_untold(Told::Writes) {
             false => u32::try_from(data.len())

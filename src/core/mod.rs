@@ -2453,9 +2453,8 @@ impl<R: Remote> Fs<R> {
         new_name: &OsStr,
         flags: u32,
     ) -> FsResult<()> {
-        self.removes_behind.all_settled().await;
-        // Either name may be one created early: its OPEN goes first.
-        self.creates_behind.all_settled().await;
+        // Either name may be one created early or unlinked early: that goes first.
+        self.names_settled().await;
         let from = self.child_path(parent, name)?;
         let to = self.child_path(new_parent, new_name)?;
         let (source_ino, same_file) = {
@@ -2612,8 +2611,7 @@ impl<R: Remote> Fs<R> {
     /// for both.
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
         self.check_writable("link")?;
-        self.removes_behind.all_settled().await;
-        self.creates_behind.all_settled().await;
+        self.names_settled().await;
         if let Some(done) = self.link_special(ino, new_parent, new_name).await {
             return done;
         }
@@ -3007,6 +3005,21 @@ impl<R: Remote> Fs<R> {
         umask: u32,
         req: OpenRequest,
     ) -> FsResult<(Entry, u64)> {
+        self.create_maybe_early(parent, name, mode, umask, req, true)
+            .await
+    }
+
+    /// `create`; answered before the server's OPEN only if `may_be_early` (not for
+    /// `mknod`, which closes the file at once: nothing would report a refused OPEN).
+    async fn create_maybe_early(
+        self: &Arc<Self>,
+        parent: Ino,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        req: OpenRequest,
+        may_be_early: bool,
+    ) -> FsResult<(Entry, u64)> {
         self.check_writable("create")?;
         self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
@@ -3031,7 +3044,7 @@ impl<R: Remote> Fs<R> {
             (c.owners_from_callers, c.sync_create)
         };
         let first_perm = if giving_away { perm & !0o6000 } else { perm };
-        if !giving_away && !sync_create && flags.write {
+        if may_be_early && !giving_away && !sync_create && flags.write {
             if let Some(owner) = self.vouched_absent(parent, name) {
                 return Ok(self.create_early(parent, name, path, flags, perm, owner, req.pid));
             }
@@ -3139,11 +3152,12 @@ impl<R: Remote> Fs<R> {
     /// the file's writes instead. The OPEN (exclusive, as every create here) goes out at
     /// once; the descriptor's handle is not known until its answer (`OpenFile::pending`),
     /// and whatever needs it waits: its writes are queued behind it (and answered as ever,
-    /// write-behind), its flush, fsync and close wait for it. So does what could overtake
-    /// it on another channel, or show attributes made up here: a lookup of the name, a
-    /// listing of the directory and what waits for every unlink on its way (create, mkdir,
-    /// rename, link), and a `stat`, `open`, `unlink` or change by name of the file
-    /// (`create_landed`).
+    /// write-behind), its flush, fsync and close wait for it, and so do a `fchmod` and a
+    /// `futimens` that leaves a time as it is. So does what could overtake it on another
+    /// channel, or show attributes made up here: a lookup of the name, a listing of the
+    /// directory, a change or `fsync` of the directory, `rename`, `link`, `rmdir`, and a
+    /// `stat`, `open`, `access`, `unlink` or change by name of the file (`create_landed`).
+    /// The kernel is told to keep neither the entry nor the attributes it is answered with.
     ///
     /// If the server refuses the OPEN (a file of that name made on its side meanwhile, its
     /// disk full, permissions changed there), the descriptor's writes, its flush and close
@@ -3226,14 +3240,6 @@ impl<R: Remote> Fs<R> {
                 Ok((handle, attrs)) => {
                     file.landed(&attrs);
                     fs.attrs_changed_as_of(ino, attrs, since);
-                    // The kernel keeps what the create was answered with (for the entry TTL:
-                    // one TTL for both): if the server's clock or account gave the file other
-                    // times or owners, it must ask again.
-                    let shown =
-                        |a: &Attrs| (a.mode.map(|m| m & 0o7777), a.uid, a.gid, a.atime, a.mtime);
-                    if shown(&attrs) != shown(&made_up) {
-                        fs.kernel_caches.invalidate(vec![ino]);
-                    }
                     pending.opened(Ok(handle));
                 }
                 Err(e) => {
@@ -3251,6 +3257,9 @@ impl<R: Remote> Fs<R> {
                     // another's file) is looked up afresh, as a new inode.
                     fs.inodes.lock().unwrap().detach_name(parent, name);
                     fs.name_uncertain(parent, name);
+                    // Nothing of it is cached: it does not exist.
+                    fs.attrs_changed(ino, None);
+                    fs.cache.lock().unwrap().forget_attrs(ino);
                     file.latch(e.clone());
                     // Refused from now on (`OpenFile::never_opened`): later writes are not
                     // charged to the quota, and what was is given back.
@@ -3260,7 +3269,28 @@ impl<R: Remote> Fs<R> {
                 }
             }
         });
-        (self.entry(attr), fh)
+        // Made up here (the times, and whether the server makes it at all): the kernel is
+        // told to keep neither the entry nor the attributes (fuser gives a create's reply
+        // one TTL for both), and asks again, which waits for the OPEN. A lookup answers with
+        // the usual TTLs from then on.
+        let entry = Entry {
+            attr,
+            entry_ttl: Duration::ZERO,
+            attr_ttl: Duration::ZERO,
+        };
+        (entry, fh)
+    }
+
+    /// Wait until no unlink and no create answered early is on its way, both at once (an
+    /// unlink answered while waiting for the creates is waited for too).
+    async fn names_settled(&self) {
+        loop {
+            self.removes_behind.all_settled().await;
+            self.creates_behind.all_settled().await;
+            if self.removes_behind.in_flight() == 0 {
+                return;
+            }
+        }
     }
 
     /// Wait until the OPEN of a create of `ino` answered early has its answer (and its
@@ -3317,7 +3347,14 @@ impl<R: Remote> Fs<R> {
             caller,
         };
         let (entry, fh) = self
-            .create(parent, name, libc::S_IFREG | (mode & 0o7777), umask, req)
+            .create_maybe_early(
+                parent,
+                name,
+                libc::S_IFREG | (mode & 0o7777),
+                umask,
+                req,
+                false,
+            )
             .await?;
         // Nothing was written: an error of this close is of no interest to anyone.
         let _ = self.release(fh).await;
@@ -3884,6 +3921,13 @@ impl<R: Remote> Fs<R> {
                 .quota
                 .reserve_write(file.ino, offset, data.len() as u64)
                 .map_err(|_| quota_used_up())? as usize;
+            if let Some(e) = file.never_opened() {
+                // Refused while this write was being charged: given back (the create's
+                // failure has given back what was charged before).
+                self.enforcer.quota.unreserve(file.ino, 0);
+                self.enforcer.quota.forget(file.ino);
+                return Err(remote_err(Op::Write, &e, "create answered early"));
+            }
             let n = fits.min(data.len());
             let data = Bytes::copy_from_slice(&data[..n]);
             let Some(answer) = file.submit_write(self, offset, data) else {
@@ -4083,6 +4127,9 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let file = self.file(fh)?;
+        // Created early: its outcome first (while the descriptor still shows, so that what
+        // waits for the create by inode finds it), and a failure is told below.
+        file.handle_version().await;
         file.settle(self).await;
         let unreported = file.tell(Told::Opener, &[]);
         {

@@ -164,14 +164,22 @@ async fn a_create_answered_early_that_the_server_refuses_fails_its_close() {
     let quota_before = usage();
     // Made on the server's side behind the mount's back, after its listing of `d`.
     fs::write(h.disk("d/f"), b"theirs").unwrap();
+    h.plan.hold(ROp::Open);
     let (f, fh) = create_at_once(&h, d, "f").await;
-    // (Refused already if the OPEN's answer came first.)
-    let _ = h.fs.write(fh, 0, b"mine, lost").await;
+    // Queued behind the OPEN, and charged to the quota meanwhile.
+    h.write(fh, 0, b"mine, lost").await;
+    assert_eq!(usage().0, quota_before.0 + 10);
+    h.plan.release(ROp::Open);
     let err =
         h.fs.flush(fh)
             .await
             .expect_err("the close hid the failed create");
     assert_ne!(err.errno, 0);
+    // Refused once the OPEN failed, and not charged.
+    assert!(
+        h.fs.write(fh, 100, b"more").await.is_err(),
+        "a write after the failure"
+    );
     // Nothing of theirs was touched, and the name leads to their file now, as a new inode.
     assert_eq!(fs::read(h.disk("d/f")).unwrap(), b"theirs");
     let _ = h.fs.release(fh).await;
