@@ -3281,16 +3281,15 @@ impl<R: Remote> Fs<R> {
         (entry, fh)
     }
 
-    /// Wait until no unlink and no create answered early is on its way, both at once (an
-    /// unlink answered while waiting for the creates is waited for too).
+    /// Wait until every unlink and create answered early that was on its way has landed,
+    /// and then the unlinks answered meanwhile (an unlink that returned before this returns
+    /// goes before what comes next; one that starts later is at the same time as it). Never
+    /// for what begins later: a steady stream of them (parallel extractions) must not starve
+    /// a rename.
     async fn names_settled(&self) {
-        loop {
-            self.removes_behind.all_settled().await;
-            self.creates_behind.all_settled().await;
-            if self.removes_behind.in_flight() == 0 {
-                return;
-            }
-        }
+        self.removes_behind.all_settled().await;
+        self.creates_behind.all_settled().await;
+        self.removes_behind.all_settled().await;
     }
 
     /// Wait until the OPEN of a create of `ino` answered early has its answer (and its

@@ -20,7 +20,7 @@
 //! should. Nothing is lost: the failure mode of an unlink answered early is a file that is
 //! still there.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::{OsStr, OsString};
 use std::sync::Mutex;
 
@@ -41,9 +41,14 @@ pub struct RemovesBehind {
 
 #[derive(Default)]
 struct State {
-    names: HashMap<(Ino, OsString), usize>,
+    /// The order numbers of those on their way, per name, oldest first.
+    names: HashMap<(Ino, OsString), VecDeque<u64>>,
     dirs: HashMap<Ino, usize>,
     total: usize,
+    /// Order numbers: the next one to give, and those on their way (for
+    /// [`RemovesBehind::all_settled`], which waits only for what began before it).
+    next: u64,
+    on_their_way: BTreeSet<u64>,
     /// The first failure in each directory, until an fsync of it reports it.
     failed: HashMap<Ino, FsError>,
 }
@@ -68,7 +73,13 @@ impl RemovesBehind {
         }
         s.total += 1;
         *s.dirs.entry(parent).or_default() += 1;
-        *s.names.entry((parent, name.to_os_string())).or_default() += 1;
+        let seq = s.next;
+        s.next += 1;
+        s.on_their_way.insert(seq);
+        s.names
+            .entry((parent, name.to_os_string()))
+            .or_default()
+            .push_back(seq);
         true
     }
 
@@ -79,7 +90,16 @@ impl RemovesBehind {
             let mut s = self.state.lock().unwrap();
             s.total -= 1;
             decrement(&mut s.dirs, parent);
-            decrement(&mut s.names, (parent, name.to_os_string()));
+            let key = (parent, name.to_os_string());
+            if let Some(seqs) = s.names.get_mut(&key) {
+                let seq = seqs.pop_front();
+                if seqs.is_empty() {
+                    s.names.remove(&key);
+                }
+                if let Some(seq) = seq {
+                    s.on_their_way.remove(&seq);
+                }
+            }
             if let Some(e) = failure {
                 s.failed.entry(parent).or_insert(e);
             }
@@ -98,9 +118,17 @@ impl RemovesBehind {
         self.until(|s| !s.dirs.contains_key(&dir)).await
     }
 
-    /// Wait until no REMOVE is on its way.
+    /// Wait until every REMOVE that was on its way when this was called has landed (not
+    /// those begun since: a steady stream of them, from other processes, must not starve
+    /// the caller).
     pub async fn all_settled(&self) {
-        self.until(|s| s.total == 0).await
+        let before = self.state.lock().unwrap().next;
+        self.until(|s| {
+            s.on_their_way
+                .first()
+                .is_none_or(|&oldest| oldest >= before)
+        })
+        .await
     }
 
     /// The failure to report for `dir` (once).
@@ -173,6 +201,33 @@ mod tests {
         assert!(!all.is_finished());
         r.land(2, OsStr::new("b"), None);
         all.await.unwrap();
+        assert_eq!(r.in_flight(), 0);
+    }
+
+    /// `all_settled` waits for what was on its way when it was called, not for what began
+    /// later: a steady stream of them cannot starve it.
+    #[tokio::test]
+    async fn all_settled_does_not_wait_for_later_ones() {
+        let r = Arc::new(RemovesBehind::default());
+        assert!(r.begin(1, OsStr::new("a")));
+        let all = {
+            let r = r.clone();
+            tokio::spawn(async move { r.all_settled().await })
+        };
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(r.begin(1, OsStr::new("b")));
+        assert!(r.begin(1, OsStr::new("a")), "the same name again, later");
+        assert!(!all.is_finished());
+        r.land(1, OsStr::new("a"), None);
+        tokio::time::timeout(Duration::from_secs(10), all)
+            .await
+            .expect("all_settled waited for removes begun after it")
+            .unwrap();
+        assert_eq!(r.in_flight(), 2);
+        r.name_settled(1, OsStr::new("x")).await;
+        r.land(1, OsStr::new("a"), None);
+        r.land(1, OsStr::new("b"), None);
+        r.all_settled().await;
         assert_eq!(r.in_flight(), 0);
     }
 
