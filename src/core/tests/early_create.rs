@@ -99,23 +99,8 @@ async fn a_create_elsewhere_waits_for_its_open() {
     let theirs = h.lookup(ROOT, "theirs").await;
     let listed = h.fs.opendir(theirs).await.unwrap();
     h.fs.releasedir(listed);
-    for dir in [ROOT, theirs] {
-        h.plan.hold(ROp::Open);
-        let create = {
-            let fs = h.fs.clone();
-            let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
-            tokio::spawn(async move {
-                fs.create(dir, OsStr::new("f"), FILE_MODE, UMASK, as_root(flags))
-                    .await
-            })
-        };
-        h.plan.until_held(ROp::Open, 1).await;
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(!create.is_finished(), "create in {dir} answered early");
-        h.plan.release(ROp::Open);
-        let (_, fh) = create.await.unwrap().unwrap();
-        h.fs.release(fh).await.unwrap();
-    }
+    waits_for_its_open(&h, ROOT, "in the root").await;
+    waits_for_its_open(&h, theirs, "in a directory made on the server").await;
     // A directory made here whose listing was dropped (its TTL ran out): the same.
     let d = h.mkdir(ROOT, "d").await;
     h.fs.cache.lock().unwrap().expire_all();
@@ -132,12 +117,13 @@ async fn a_create_elsewhere_waits_for_its_open() {
     waits_for_its_open(&h, d, "with sync_create").await;
 }
 
-/// A create of `g` in `dir` waits for its OPEN (`when`: the case, for the message).
+/// A create of `g` in `dir` as tar makes it (`O_EXCL`) waits for its OPEN (`when`: the
+/// case, for the message).
 async fn waits_for_its_open(h: &Harness, dir: Ino, when: &str) {
     h.plan.hold(ROp::Open);
     let create = {
         let fs = h.fs.clone();
-        let flags = libc::O_WRONLY | libc::O_CREAT;
+        let flags = libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL;
         tokio::spawn(async move {
             fs.create(dir, OsStr::new("g"), FILE_MODE, UMASK, as_root(flags))
                 .await
