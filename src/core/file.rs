@@ -789,7 +789,7 @@ impl<R: Remote> OpenFile<R> {
 
     /// A descriptor whose handle is not known yet: the OPEN of its create is on its way.
     /// Whatever asks for the handle waits until the guard returned is given the outcome
-    /// ([`handle_opened`]).
+    /// ([`PendingHandle::opened`]).
     pub fn pending(
         ino: Ino,
         flags: OpenFlags,

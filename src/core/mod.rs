@@ -657,6 +657,19 @@ impl<R: Remote> Fs<R> {
         handle: R::Handle,
         opener: u32,
     ) {
+        self.register_with(fh, ino, |stream| {
+            OpenFile::new(ino, flags, handle, stream, opener)
+        });
+    }
+
+    /// Register under `fh` the open file `make` builds on `ino`'s write stream (the one its
+    /// other descriptors share, or a new one).
+    fn register_with(
+        &self,
+        fh: u64,
+        ino: Ino,
+        make: impl FnOnce(Arc<WriteStream<R>>) -> OpenFile<R>,
+    ) -> Arc<OpenFile<R>> {
         // Lock order: streams, then files (as in release), so an open racing the last
         // close of the same file can never end up with a second stream.
         let mut streams = self.streams.lock().unwrap();
@@ -673,8 +686,9 @@ impl<R: Remote> Fs<R> {
             // Another descriptor may change the file: what its creator knew is not enough.
             other.update_created(None);
         }
-        let file = OpenFile::new(ino, flags, handle, stream, opener);
-        files.insert(fh, Arc::new(file));
+        let file = Arc::new(make(stream));
+        files.insert(fh, file.clone());
+        file
     }
 
     /// Register a descriptor whose handle is not known yet (see `Fs::create_early`).
@@ -685,16 +699,13 @@ impl<R: Remote> Fs<R> {
         opener: u32,
     ) -> (u64, Arc<OpenFile<R>>, file::PendingHandle<R>) {
         let fh = self.alloc_fh();
-        let mut streams = self.streams.lock().unwrap();
-        let stream = streams
-            .get(&ino)
-            .and_then(std::sync::Weak::upgrade)
-            .unwrap_or_default();
-        streams.insert(ino, Arc::downgrade(&stream));
-        let (file, pending) = OpenFile::pending(ino, flags, stream, opener);
-        let file = Arc::new(file);
-        self.files.lock().unwrap().insert(fh, file.clone());
-        (fh, file, pending)
+        let mut pending = None;
+        let file = self.register_with(fh, ino, |stream| {
+            let (file, handle) = OpenFile::pending(ino, flags, stream, opener);
+            pending = Some(handle);
+            file
+        });
+        (fh, file, pending.expect("register_with calls make"))
     }
 
     fn alloc_fh(&self) -> u64 {
@@ -3161,8 +3172,8 @@ impl<R: Remote> Fs<R> {
     ///
     /// If the server refuses the OPEN (a file of that name made on its side meanwhile, its
     /// disk full, permissions changed there), the descriptor's writes, its flush and close
-    /// fail with that error, like a write-behind that failed; nothing is written anywhere,
-    /// and the name is looked up again. What an application cannot learn this way is
+    /// fail (EIO), like a write-behind that failed; nothing is written anywhere, and the
+    /// name is looked up again, as another inode. What an application cannot learn this way is
     /// whether an `O_EXCL` create won against a creator on the server's side in that
     /// instant (its `close` fails instead of its `open`); the mount never answers early in
     /// a directory it did not make itself, and never once the listing kept since is gone.
@@ -3188,15 +3199,19 @@ impl<R: Remote> Fs<R> {
             atime: Some(now),
             mtime: Some(now),
         };
-        let since = self.cache.lock().unwrap().now();
-        self.cache.lock().unwrap().name_added(
-            parent,
-            DirEntry {
-                name: name.to_os_string(),
-                attrs: made_up,
-                nlink: None,
-            },
-        );
+        let since = {
+            let mut cache = self.cache.lock().unwrap();
+            let since = cache.now();
+            cache.name_added(
+                parent,
+                DirEntry {
+                    name: name.to_os_string(),
+                    attrs: made_up,
+                    nlink: None,
+                },
+            );
+            since
+        };
         let attr = self.remember(parent, name, made_up, Some(1), since);
         let ino = attr.ino;
         self.enforcer.quota.created(ino);
