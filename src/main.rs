@@ -482,8 +482,8 @@ fn status(mountpoint: Option<PathBuf>, json: bool, executor: &str) -> Result<(),
             m["open_files"]
         );
         outln!(
-            "  ahead       {} small files opened from a read-ahead, {} read along with their open, {} reopened without the server, {} attribute changes answered with the attributes asked along, {} closes that learnt the attributes left by the writes, {} directories listed ahead of a walk, {} bytes written striped, {} small writes merged into the one before, {} unlinks answered early",
-            m["opens_fetched_ahead"], m["opens_read_along"], m["opens_deferred"], m["setattrs_stat_along"], m["attrs_along_writes"], m["dirs_listed_ahead"], m["bytes_striped"], m["writes_merged"], m["unlinks_behind"]
+            "  ahead       {} small files opened from a read-ahead, {} read along with their open, {} reopened without the server, {} attribute changes answered with the attributes asked along, {} closes that learnt the attributes left by the writes, {} directories listed ahead of a walk, {} bytes written striped, {} small writes merged into the one before, {} attribute changes merged into the one before, {} unlinks answered early",
+            m["opens_fetched_ahead"], m["opens_read_along"], m["opens_deferred"], m["setattrs_stat_along"], m["attrs_along_writes"], m["dirs_listed_ahead"], m["bytes_striped"], m["writes_merged"], m["setattrs_merged"], m["unlinks_behind"]
         );
         outln!(
             "  resent      {} writes on the wire at a connection loss, sent again",

@@ -835,6 +835,7 @@ fn control_handlers(
                 "unlinks_behind": stats.unlinks_behind.load(Relaxed),
                 "bytes_striped": stats.bytes_striped.load(Relaxed),
                 "writes_merged": stats.writes_merged.load(Relaxed),
+                "setattrs_merged": stats.setattrs_merged.load(Relaxed),
                 "writes_sent_again": stats.writes_sent_again.load(Relaxed),
                 "bytes_copied_on_server": stats.bytes_copied_on_server.load(Relaxed),
                 "shared_drops": stats.shared_drops.load(Relaxed),
