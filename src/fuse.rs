@@ -265,9 +265,8 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
             mtime: mtime.map(time_spec),
         };
         self.spawn("setattr", req, async move {
-            let fh = fh.map(|f| f.0);
-            match fs.setattr(ino.0, fh, set).await {
-                Ok(a) => reply.attr(&fs.setattr_reply_ttl(ino.0, fh), &fuse_attr(&a)),
+            match fs.setattr(ino.0, fh.map(|f| f.0), set).await {
+                Ok(a) => reply.attr(&fs.attr_ttl_for(ino.0), &fuse_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
         });

@@ -169,19 +169,8 @@ pub(crate) enum WriteJob<R: Remote> {
     /// Change attributes through `file`'s handle, after the writes before it.
     SetAttrs {
         file: Arc<OpenFile<R>>,
-        attrs: QueuedAttrs,
+        attrs: SetAttrs,
     },
-}
-
-/// An attribute change queued behind a file's writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct QueuedAttrs {
-    pub set: SetAttrs,
-    /// The atime in `set` stands in for the one the server gives the file when the OPEN of
-    /// its create, answered early, lands (see [`OpenFile::landed_atime`]): asked to be left
-    /// as it is (`UTIME_OMIT`, as `tar` sets only the mtime), which SFTP v3 cannot say, and
-    /// not known when it was queued. The writer puts it in before sending.
-    pub atime_at_landing: bool,
 }
 
 /// The ordered write queue of one file, shared by all its open descriptors.
@@ -593,12 +582,6 @@ pub struct OpenFile<R: Remote> {
     /// The last mtime `created` held: the server's (or one set behind the writes), kept
     /// when a write makes the new one unknown (see [`OpenFile::attrs_while_writing`]).
     created_mtime: Mutex<Option<u32>>,
-    /// The atime the server gave the file when the OPEN of its create, answered early,
-    /// landed (see [`QueuedAttrs::atime_at_landing`]).
-    landed_atime: Mutex<Option<u32>>,
-    /// A setattr through this descriptor was answered with a stand-in for the atime (see
-    /// `Fs::setattr_reply_ttl`).
-    pub atime_stood_in: AtomicBool,
     /// A mode change was queued behind this descriptor's writes: until the queue is empty,
     /// whether the server took it is not known here, and `stat` asks the server (see
     /// [`OpenFile::attrs_while_writing`]).
@@ -646,8 +629,6 @@ impl<R: Remote> OpenFile<R> {
             lane_writes: AtomicUsize::new(0),
             created: Mutex::new(None),
             created_mtime: Mutex::new(None),
-            landed_atime: Mutex::new(None),
-            atime_stood_in: AtomicBool::new(false),
             mode_changed_behind: AtomicBool::new(false),
             written: AtomicBool::new(false),
             times_set_behind: AtomicBool::new(false),
@@ -672,7 +653,6 @@ impl<R: Remote> OpenFile<R> {
     /// differs), but for a mode change queued behind since, which comes after.
     pub fn landed(&self, attrs: &Attrs) {
         let mut created = self.created.lock().unwrap();
-        *self.landed_atime.lock().unwrap() = attrs.atime;
         if let Some(known) = created.as_mut() {
             known.atime = known.atime.or(attrs.atime);
             // A write made meanwhile (queued behind the OPEN) moves the mtime again: it is
@@ -688,14 +668,6 @@ impl<R: Remote> OpenFile<R> {
             let mut last = self.created_mtime.lock().unwrap();
             *last = last.or(attrs.mtime);
         }
-    }
-
-    /// The atime the server gave the file at its create, once the OPEN (answered early) has
-    /// landed; waits for it. None if the create failed or the server gave no atime.
-    pub async fn landed_atime(&self) -> Option<u32> {
-        // The handle slot is held until the outcome is in (`PendingHandle`).
-        let _ = self.handle_version().await;
-        *self.landed_atime.lock().unwrap()
     }
 
     /// Whether this descriptor's create was answered early and its OPEN is still on its way
@@ -738,8 +710,6 @@ impl<R: Remote> OpenFile<R> {
     /// server refuses it, the kernel is told to drop that: see `setattrs_failed`).
     pub fn attrs_while_writing(&self) -> Option<Attrs> {
         let mut attrs = self.created_attrs()?;
-        // (Unknown while the OPEN of a create answered early is on its way.)
-        attrs.atime?;
         let pending = self.writes_pending();
         if self.pending_failure().is_some()
             || (pending && self.mode_changed_behind.load(Ordering::Acquire))
@@ -767,35 +737,17 @@ impl<R: Remote> OpenFile<R> {
         created.is_some()
     }
 
-    /// What this descriptor knows of its file once `attrs`, to be queued behind its writes,
-    /// is done: the mode and times asked for (but an atime the server gives at landing, left
-    /// unknown until then). Done under the same lock as [`OpenFile::landed`], so that what
-    /// the OPEN's answer brings and this change are both kept, whichever comes first. None
-    /// (and nothing kept) if the attributes are not known here.
-    pub(crate) fn created_behind(&self, attrs: &QueuedAttrs) -> Option<Attrs> {
-        let mut created = self.created.lock().unwrap();
-        let known = created.as_mut()?;
-        if let Some(perm) = attrs.set.perm {
+    /// Queue an attribute change behind this file's writes. False if the file's write queue
+    /// is closed. It is not waited for: everything that must come after it (writes, flush,
+    /// fsync, a stat that drains, a change sent directly) goes through the same queue or
+    /// drains it first, and its failure is latched like a write's.
+    pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: SetAttrs) -> bool {
+        if attrs.perm.is_some() {
             self.mode_changed_behind.store(true, Ordering::Release);
-            known.mode = Some((known.mode.unwrap_or(libc::S_IFREG) & libc::S_IFMT) | perm);
         }
-        if let Some((atime, mtime)) = attrs.set.atime_mtime {
+        if attrs.atime_mtime.is_some() {
             self.times_set_behind.store(true, Ordering::Release);
-            if !attrs.atime_at_landing {
-                known.atime = Some(atime);
-            }
-            known.mtime = Some(mtime);
-            *self.created_mtime.lock().unwrap() = Some(mtime);
         }
-        Some(*known)
-    }
-
-    /// Queue an attribute change behind this file's writes, once [`OpenFile::created_behind`]
-    /// kept what it shows meanwhile. False if the file's write queue is closed. It is not
-    /// waited for: everything that must come after it (writes, flush, fsync, a stat that
-    /// drains, a change sent directly) goes through the same queue or drains it first, and
-    /// its failure is latched like a write's.
-    pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: QueuedAttrs) -> bool {
         let job = WriteJob::SetAttrs {
             file: self.clone(),
             attrs,
@@ -1264,42 +1216,32 @@ impl Merged {
 
 /// `earlier` and `later`, two attribute changes of one descriptor queued one after the other,
 /// as one change, if the server gives the file the same attributes from it as from the two in
-/// turn. Why: `tar` sets the times, the owner and the mode of every file it extracts
-/// (`futimens`, `fchown`, `fchmod`), each queued behind the file's writes (see
-/// `Fs::setattr_behind`), and with the first of them still waiting (for the writes, or for
-/// the OPEN of a create answered early) they were three FSETSTATs, each a request the server,
-/// sshd and this process handle: at RTT 0, where extracting is bound by the two CPUs, a fifth
-/// of its requests.
+/// turn. Why: `tar` run by root sets the times, the owner and the mode of every file it
+/// extracts (`futimens`, `fchown`, `fchmod`), each queued behind the file's writes (see
+/// `Fs::setattr_behind`), and were three FSETSTATs: requests the server, sshd and this
+/// process each handle. Only changes queued while the writer is busy with earlier ones are
+/// merged (none is held back to wait for company).
 ///
 /// OpenSSH's sftp-server applies one request's fields in a fixed order: size, mode, times,
 /// owner, each whether the one before failed or not. Merged, the later request's fields win.
 /// Of these, only a size (it moves the mtime and clears set-id bits) and an owner change next
 /// to set-id bits (a chown clears them, so it matters whether it comes before or after the
-/// chmod) depend on the order; neither is merged. Nor is a chown that gives the file to
-/// someone else (a chmod or utimes after it may then be refused, where before it was not):
+/// chmod) depend on the order; neither is merged. Nor would a chown that gives the file to
+/// someone else be (a chmod or utimes after it may then be refused, where before it was not):
 /// `setattr_behind` queues only chowns to the owner and group the file has, of files with no
 /// set-id bit, so that never reaches the queue.
-pub(crate) fn merge_setattrs(earlier: &QueuedAttrs, later: &QueuedAttrs) -> Option<QueuedAttrs> {
-    let (e, l) = (&earlier.set, &later.set);
-    if e.size.is_some() || l.size.is_some() {
+pub(crate) fn merge_setattrs(earlier: &SetAttrs, later: &SetAttrs) -> Option<SetAttrs> {
+    if earlier.size.is_some() || later.size.is_some() {
         return None;
     }
-    let set = SetAttrs {
+    let both = SetAttrs {
         size: None,
-        uid_gid: l.uid_gid.or(e.uid_gid),
-        perm: l.perm.or(e.perm),
-        atime_mtime: l.atime_mtime.or(e.atime_mtime),
+        uid_gid: later.uid_gid.or(earlier.uid_gid),
+        perm: later.perm.or(earlier.perm),
+        atime_mtime: later.atime_mtime.or(earlier.atime_mtime),
     };
-    let set_id = set.perm.is_some_and(|p| p & 0o6000 != 0);
-    // The atime left to the landing goes with the times it came with.
-    let atime_at_landing = match l.atime_mtime {
-        Some(_) => later.atime_at_landing,
-        None => earlier.atime_at_landing,
-    };
-    (set.uid_gid.is_none() || !set_id).then_some(QueuedAttrs {
-        set,
-        atime_at_landing,
-    })
+    let set_id = both.perm.is_some_and(|p| p & 0o6000 != 0);
+    (both.uid_gid.is_none() || !set_id).then_some(both)
 }
 
 /// Where each byte a descriptor writes goes while its lanes are in use: the file is cut into
@@ -1758,11 +1700,7 @@ async fn writer_loop<R: Remote>(
             }
             WriteJob::SetAttrs { file, mut attrs } => {
                 // Changes of the same descriptor queued right behind it go out with it, as
-                // one FSETSTAT: see `merge_setattrs`. (As for writes, also those made while
-                // the OPEN of its create is on its way.)
-                if file.opening() {
-                    let _ = file.handle_version().await;
-                }
+                // one FSETSTAT: see `merge_setattrs`.
                 let mut jobs = 1;
                 while let Ok(job) = rx.try_recv() {
                     match job {
@@ -1808,20 +1746,10 @@ async fn writer_loop<R: Remote>(
                 }
                 // One unit of the window: "all answered" waits for this one too.
                 if let Ok(permit) = stream.window.clone().acquire_many_owned(1).await {
-                    let mut set = attrs.set;
-                    if attrs.atime_at_landing {
-                        // The OPEN has landed once the handle is there: its atime is kept
-                        // (a failed one fails this too; the stand-in then goes nowhere).
-                        if let (Some(atime), Some((_, mtime))) =
-                            (file.landed_atime().await, set.atime_mtime)
-                        {
-                            set.atime_mtime = Some((atime, mtime));
-                        }
-                    }
                     // Never sent (the handle went with a lost connection): as a write, sent
                     // again through the reopened handle.
                     seq += 1;
-                    let req = Lost::new(seq, &file, Resend::Attrs(set));
+                    let req = Lost::new(seq, &file, Resend::Attrs(attrs));
                     match send_in_order(&stream, &fs, &remote, &mut seen, &req).await {
                         Ok(ack) => {
                             unsettled.attrs_on_own = true;
@@ -1861,13 +1789,6 @@ async fn writer_loop<R: Remote>(
 mod tests {
     use super::*;
 
-    fn queued(set: SetAttrs, atime_at_landing: bool) -> QueuedAttrs {
-        QueuedAttrs {
-            set,
-            atime_at_landing,
-        }
-    }
-
     #[test]
     fn attribute_changes_merge_only_where_the_server_s_order_gives_the_same_file() {
         let times = SetAttrs {
@@ -1882,50 +1803,45 @@ mod tests {
             uid_gid: Some((1, 2)),
             ..Default::default()
         };
-        // tar's three, in its order: one change, the stand-in atime with its times.
-        let both = merge_setattrs(&queued(times, true), &queued(owner, false)).unwrap();
-        let all = merge_setattrs(&both, &queued(mode, false)).unwrap();
-        assert_eq!(
-            all,
-            queued(
-                SetAttrs {
-                    size: None,
-                    uid_gid: Some((1, 2)),
-                    perm: Some(0o644),
-                    atime_mtime: Some((5, 6)),
-                },
-                true
-            )
-        );
-        // The later one wins, and its atime is its own.
+        // tar's three, in its order: one change.
+        let both = merge_setattrs(&times, &owner).unwrap();
+        let all = merge_setattrs(&both, &mode).unwrap();
+        let expected = SetAttrs {
+            size: None,
+            uid_gid: Some((1, 2)),
+            perm: Some(0o644),
+            atime_mtime: Some((5, 6)),
+        };
+        assert_eq!(all, expected);
+        // The later one wins.
         let later = SetAttrs {
             atime_mtime: Some((7, 8)),
             ..Default::default()
         };
-        let m = merge_setattrs(&queued(times, true), &queued(later, false)).unwrap();
-        assert_eq!(m, queued(later, false));
+        assert_eq!(merge_setattrs(&times, &later), Some(later));
+        let other_mode = SetAttrs {
+            perm: Some(0o600),
+            ..Default::default()
+        };
+        assert_eq!(merge_setattrs(&mode, &other_mode), Some(other_mode));
+        let other_owner = SetAttrs {
+            uid_gid: Some((3, 4)),
+            ..Default::default()
+        };
+        assert_eq!(merge_setattrs(&owner, &other_owner), Some(other_owner));
         // A size moves the mtime and clears set-id bits: never merged, before or after.
         let size = SetAttrs {
             size: Some(0),
             ..Default::default()
         };
-        assert_eq!(
-            merge_setattrs(&queued(size, false), &queued(mode, false)),
-            None
-        );
-        assert_eq!(
-            merge_setattrs(&queued(times, false), &queued(size, false)),
-            None
-        );
+        assert_eq!(merge_setattrs(&size, &mode), None);
+        assert_eq!(merge_setattrs(&times, &size), None);
         // A chown next to set-id bits: the server's order (chmod, then chown) would clear them.
         let setuid = SetAttrs {
             perm: Some(0o4755),
             ..Default::default()
         };
-        assert_eq!(
-            merge_setattrs(&queued(owner, false), &queued(setuid, false)),
-            None
-        );
-        assert!(merge_setattrs(&queued(times, false), &queued(setuid, false)).is_some());
+        assert_eq!(merge_setattrs(&owner, &setuid), None);
+        assert!(merge_setattrs(&times, &setuid).is_some());
     }
 }

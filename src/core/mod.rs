@@ -31,7 +31,7 @@ use bytes::Bytes;
 
 use self::cache::{CacheConfig, CachedAttrs, MetaCache};
 use self::errno::{check_name, Inference, Op};
-use self::file::{OpenFile, QueuedAttrs, Told, WriteStream};
+use self::file::{OpenFile, Told, WriteStream};
 use self::inode::{Ino, InodeTable, Location, PageCacheMark, SetTime, SetTimes, ROOT_INO};
 use self::prefetch::{SmallFileAhead, Snapshot};
 use self::remove_behind::RemovesBehind;
@@ -364,13 +364,6 @@ pub struct Fs<R: Remote> {
     /// [`Fs::shared_data_changed`]), counted for [`Fs::read_answered`].
     shared_changes: AtomicU64,
     pub stats: Stats,
-}
-
-/// The time now, as SFTP v3 carries it.
-fn now_secs() -> crate::remote::Seconds {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as crate::remote::Seconds)
 }
 
 fn to_system_time(secs: Option<u32>) -> SystemTime {
@@ -813,17 +806,6 @@ impl<R: Remote> Fs<R> {
     pub fn attr_ttl_for(&self, ino: Ino) -> Duration {
         self.inodes.lock().unwrap().note_if_shared(ino);
         self.cache_config().attr_ttl
-    }
-
-    /// How long the kernel may keep the attributes a setattr of `ino` through `fh` was
-    /// answered with: not at all once one through the same descriptor was answered before
-    /// the server's atime was known (with a stand-in: see `setattr_behind`).
-    pub fn setattr_reply_ttl(&self, ino: Ino, fh: Option<u64>) -> Duration {
-        let file = fh.and_then(|fh| self.files.lock().unwrap().get(&fh).cloned());
-        match file {
-            Some(f) if f.atime_stood_in.load(Ordering::Acquire) => Duration::ZERO,
-            _ => self.attr_ttl_for(ino),
-        }
     }
 
     /// A change of `ino` through the mount (data or attributes) may show through inodes the
@@ -1527,12 +1509,19 @@ impl<R: Remote> Fs<R> {
         }
         // A file being written through the one descriptor that created it: known here.
         // (TTL 0: once the descriptor is gone, the server is asked.)
-        if let Some(attrs) = self
+        let sole = self
             .sole_open_file(ino)
-            .filter(|sole| file.as_ref().is_none_or(|f| Arc::ptr_eq(f, sole)))
-            .and_then(|sole| sole.attrs_while_writing())
-        {
-            return Ok((self.make_attr(ino, &attrs, None), Duration::ZERO));
+            .filter(|sole| file.as_ref().is_none_or(|f| Arc::ptr_eq(f, sole)));
+        if let Some(sole) = sole {
+            if sole.opening() {
+                // Created early: what the server gave it (its times, owner) comes with the
+                // OPEN's answer, which is all this waits for (not the writes behind it, nor
+                // a round trip of its own).
+                let _ = sole.handle_version().await;
+            }
+            if let Some(attrs) = sole.attrs_while_writing() {
+                return Ok((self.make_attr(ino, &attrs, None), Duration::ZERO));
+            }
         }
         if let Some(file) = file {
             // An open file is asked through its handle: that works after unlink, too. Writes
@@ -1900,12 +1889,6 @@ impl<R: Remote> Fs<R> {
     /// whose only descriptor created it: queued behind its writes instead of waited for (see
     /// `file`), answered with the attributes they give. None: not such a change, done the
     /// usual way.
-    ///
-    /// A file created early (see `create_early`) whose OPEN is still on its way takes a
-    /// chmod and times without waiting for it, as `tar` sets them right after its writes
-    /// (the atime it leaves out, `UTIME_OMIT`, goes as the server gives it at landing: see
-    /// `QueuedAttrs::atime_at_landing`); a chown, or times that leave the mtime out, wait
-    /// for the owner and times the server gives it.
     async fn setattr_behind(
         self: &Arc<Self>,
         ino: Ino,
@@ -1913,9 +1896,9 @@ impl<R: Remote> Fs<R> {
         req: &SetattrRequest,
     ) -> Option<FsResult<Attr>> {
         let mut attrs = file.created_attrs()?;
-        let chown = req.uid.is_some() || req.gid.is_some();
-        let set_times = req.atime.is_some() || req.mtime.is_some();
-        if file.opening() && (chown || (set_times && req.mtime.is_none())) {
+        if (req.atime.is_some() || req.mtime.is_some()) && attrs.atime.is_none() {
+            // Created early, and the server has not given its times yet: a time not asked
+            // for (UTIME_OMIT) is sent as the server has it (SFTP sets both).
             self.create_landed(ino).await;
             attrs = file.created_attrs()?;
         }
@@ -1928,10 +1911,11 @@ impl<R: Remote> Fs<R> {
             (Some(ids.0), Some(ids.1)) == (attrs.uid, attrs.gid)
                 && attrs.mode.is_some_and(|m| m & 0o6000 == 0)
         };
+        let chown = req.uid.is_some() || req.gid.is_some();
         let only_mode_and_times = req.size.is_none()
             && (!chown || same_owner())
             && req.mode.is_none_or(|m| m & 0o6000 == 0)
-            && (chown || req.mode.is_some() || set_times);
+            && (chown || req.mode.is_some() || req.atime.is_some() || req.mtime.is_some());
         let alone = || {
             self.sole_open_file(ino)
                 .is_some_and(|f| Arc::ptr_eq(&f, file))
@@ -1939,38 +1923,29 @@ impl<R: Remote> Fs<R> {
         if !only_mode_and_times || file.pending_failure().is_some() || !alone() {
             return None;
         }
-        let mut queued = QueuedAttrs {
-            set: SetAttrs::default(),
-            atime_at_landing: false,
-        };
+        let mut set = SetAttrs::default();
         if chown {
-            queued.set.uid_gid = attrs.uid.zip(attrs.gid);
+            set.uid_gid = attrs.uid.zip(attrs.gid);
         }
         if let Some(m) = req.mode {
-            queued.set.perm = Some(m & 0o7777);
+            set.perm = Some(m & 0o7777);
+            attrs.mode = Some((attrs.mode.unwrap_or(libc::S_IFREG) & libc::S_IFMT) | (m & 0o7777));
         }
         let times = times_asked(req);
-        if set_times {
+        if req.atime.is_some() || req.mtime.is_some() {
+            let atime = times.atime.map(|t| t.sent).or(attrs.atime)?;
             let mtime = times.mtime.map(|t| t.sent).or(attrs.mtime)?;
-            let atime = match times.atime.map(|t| t.sent).or(attrs.atime) {
-                Some(atime) => atime,
-                // Left out, and the OPEN has not brought the server's yet: a stand-in.
-                None => {
-                    queued.atime_at_landing = true;
-                    now_secs()
-                }
-            };
-            queued.set.atime_mtime = Some((atime, mtime));
+            set.atime_mtime = Some((atime, mtime));
+            attrs.atime = Some(atime);
+            attrs.mtime = Some(mtime);
         }
         // The answer shows the mtime: it must be known (no write since it was last set).
-        if !set_times {
-            attrs.mtime?;
-        }
+        attrs.mtime?;
         // Kept before it is sent: its failure (whenever it is answered) forgets them. Writes
         // sent after it through this descriptor land after it (and drop the kept mtime).
-        let attrs = file.created_behind(&queued)?;
+        file.update_created(Some(attrs));
         self.attributes_set(ino, false, None, times);
-        if !file.submit_setattrs(self, queued) {
+        if !file.submit_setattrs(self, set) {
             file.update_created(None);
             self.inodes.lock().unwrap().forget_set_times(ino);
             return None;
@@ -1980,20 +1955,10 @@ impl<R: Remote> Fs<R> {
             size: Some(attrs.size.unwrap_or(0).max(end)),
             ..attrs
         };
-        // Not cached if it failed already (or a second descriptor came meanwhile), nor while
-        // the server's atime is not known.
-        if shown.atime.is_none() || !file.while_created(|| self.attrs_changed(ino, Some(shown))) {
+        // Not cached if it failed already (or a second descriptor came meanwhile).
+        if !file.while_created(|| self.attrs_changed(ino, Some(shown))) {
             self.attrs_changed(ino, None);
         }
-        // The atime in the answer is then a stand-in, which the kernel is told to keep not
-        // (`Fs::setattr_reply_ttl`).
-        if shown.atime.is_none() {
-            file.atime_stood_in.store(true, Ordering::Release);
-        }
-        let shown = Attrs {
-            atime: shown.atime.or(Some(now_secs())),
-            ..shown
-        };
         Some(Ok(self.make_attr(ino, &shown, None)))
     }
 
@@ -3233,7 +3198,9 @@ impl<R: Remote> Fs<R> {
         owner: (u32, u32),
         opener: u32,
     ) -> (Entry, u64) {
-        let now = now_secs();
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as crate::remote::Seconds);
         let made_up = Attrs {
             size: Some(0),
             uid: Some(owner.0),
