@@ -564,7 +564,7 @@ fn untar_keeps_modes_and_mtimes() {
         .unwrap();
     assert!(st.success());
     // As root tar also gives each file its owner (`fchown`); the benchmark's tar does not
-    // (`--no-same-owner`), and then nothing it does to a file waits for the file's OPEN.
+    // (`--no-same-owner`).
     fs::create_dir(m.p("n")).unwrap();
     for (into, more) in [(m.mnt.clone(), None), (m.p("n"), Some("--no-same-owner"))] {
         let st = Command::new("tar")

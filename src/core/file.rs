@@ -670,12 +670,6 @@ impl<R: Remote> OpenFile<R> {
         }
     }
 
-    /// Whether this descriptor's create was answered early and its OPEN is still on its way
-    /// (or its handle is being opened again after a lost connection: as unsure).
-    pub fn opening(&self) -> bool {
-        self.handle.try_read().is_err()
-    }
-
     /// Why this descriptor has no handle and never will (its create, answered early, was
     /// refused); None while the OPEN is on its way, and for every other descriptor.
     pub fn never_opened(&self) -> Option<RemoteError> {
@@ -1517,10 +1511,9 @@ async fn writer_loop<R: Remote>(
                 };
                 // Small writes queued behind this one that continue it go out with it, as one
                 // WRITE: see `Merged`. Behind the OPEN of a create answered early, those the
-                // program makes while it is on its way too.
-                if file.opening() {
-                    let _ = file.handle_version().await;
-                }
+                // program makes while it is on its way too: the handle slot is held until
+                // its answer (at once otherwise).
+                let _ = file.handle_version().await;
                 let mut merged = Merged::new(offset, data, done, early);
                 merged.absorb(&stream, &mut rx, &mut carried, &file, max_write);
                 let Merged {

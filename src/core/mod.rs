@@ -1513,12 +1513,10 @@ impl<R: Remote> Fs<R> {
             .sole_open_file(ino)
             .filter(|sole| file.as_ref().is_none_or(|f| Arc::ptr_eq(f, sole)));
         if let Some(sole) = sole {
-            if sole.opening() {
-                // Created early: what the server gave it (its times, owner) comes with the
-                // OPEN's answer, which is all this waits for (not the writes behind it, nor
-                // a round trip of its own).
-                let _ = sole.handle_version().await;
-            }
+            // Created early: what the server gave it (its times, owner) comes with the
+            // OPEN's answer, which is all this waits for (not the writes behind it, nor a
+            // round trip of its own); the handle slot is held until then (at once otherwise).
+            let _ = sole.handle_version().await;
             if let Some(attrs) = sole.attrs_while_writing() {
                 return Ok((self.make_attr(ino, &attrs, None), Duration::ZERO));
             }
