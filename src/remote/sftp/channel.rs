@@ -7,8 +7,8 @@
 //!
 //! Bounds: russh's own send queue is unbounded, so every request first takes a slot from a
 //! per-channel semaphore of [`MAX_REQUESTS_IN_FLIGHT`] and as many permits from a byte semaphore
-//! as it moves payload ([`MAX_BYTES_IN_FLIGHT`]; WRITE data counts more when the link is short,
-//! see [`pacing`]). Permits are released when the reply arrives (not when the caller gives up),
+//! as it moves payload ([`MAX_BYTES_IN_FLIGHT`]; READ and WRITE data count more when the link
+//! is short, see [`pacing`]). Permits are released when the reply arrives (not when the caller gives up),
 //! so the bound holds even for cancelled requests.
 //!
 //! When the channel or the connection dies, every pending request completes with
@@ -548,13 +548,18 @@ fn change_of(req: &Request<'_>) -> Option<Change> {
 }
 
 /// Permits of the byte semaphore `req` takes on a channel whose recent minimum reply time
-/// `min_rtt` gives: its payload, WRITE data paced (see [`pacing`] for why it must not pile up
-/// at the server). Only a WRITE asks for the reply time (it takes a lock).
+/// `min_rtt` gives: its payload, READ and WRITE data paced (see [`pacing`] for why neither
+/// may pile up at the server). Only a READ or a WRITE asks for the reply time (it takes a
+/// lock).
 fn request_cost(req: &Request<'_>, min_rtt: impl FnOnce() -> Option<Duration>) -> usize {
     match req {
         Request::Write { data, .. } => {
             let budget = pacing::write_budget(min_rtt(), MAX_BYTES_IN_FLIGHT);
             pacing::write_cost(data.len(), budget, MAX_BYTES_IN_FLIGHT)
+        }
+        Request::Read { len, .. } => {
+            let budget = pacing::read_budget(min_rtt(), MAX_BYTES_IN_FLIGHT);
+            pacing::read_cost(*len as usize, budget, MAX_BYTES_IN_FLIGHT)
         }
         _ => req.data_cost().min(MAX_BYTES_IN_FLIGHT),
     }
@@ -763,7 +768,7 @@ mod tests {
     }
 
     #[test]
-    fn writes_are_paced_on_a_short_link_and_reads_never() {
+    fn reads_and_writes_are_paced_on_a_short_link_only() {
         let data = Bytes::from(vec![0u8; 255 * 1024]);
         let write = Request::Write {
             handle: b"h",
@@ -783,8 +788,12 @@ mod tests {
         assert_eq!(MAX_BYTES_IN_FLIGHT / w, 4, "cost {w}");
         // A long link: bytes are bytes.
         assert_eq!(request_cost(&write, long), data.len());
-        // Reads are bytes at any round trip, which they do not even look at.
-        assert_eq!(request_cost(&read, never), 255 * 1024);
+        // Loopback: the read budget is its floor, 3 MiB: twelve 255 KiB READs fill the channel.
+        let r = request_cost(&read, loopback);
+        assert_eq!(MAX_BYTES_IN_FLIGHT / r, 12, "cost {r}");
+        // A long link, or nothing measured yet: bytes are bytes.
+        assert_eq!(request_cost(&read, long), 255 * 1024);
+        assert_eq!(request_cost(&read, || None), 255 * 1024);
         // Metadata moves no payload.
         assert_eq!(request_cost(&Request::Close { handle: b"h" }, never), 0);
     }

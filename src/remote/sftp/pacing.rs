@@ -1,4 +1,4 @@
-//! How much WRITE data one channel may have in flight: enough for the link, no more.
+//! How much READ and WRITE data one channel may have in flight: enough for the link, no more.
 //!
 //! **Why.** Write data the server has received but its sftp-server has not yet taken sits in
 //! sshd's channel buffer, and OpenSSH grows that buffer by reallocating it (`sshbuf` growth
@@ -11,16 +11,24 @@
 //! 0.27-0.33 s and 10,000-12,000, and a 256 MiB `dd conv=fsync` on loopback took 0.51-0.67 s
 //! instead of 0.69-0.75 s (docs/PERFORMANCE.md, "Sequential writes").
 //!
+//! Reads pile up the other way: the sftp-server answers READs as fast as its disk does, and
+//! what sshd has not yet encrypted and sent waits in its buffers, grown the same way. One
+//! reader on one channel stays below the point where that costs much; four channels busy at
+//! once (8 readers of one file on loopback) each with the whole 8 MiB of READs in flight cost
+//! sshd 0.67 s CPU and 34,000 minor faults per 256 MiB, against 0.54 s and 3,000 with
+//! [`MIN_READ_BUDGET`] per channel (see there).
+//!
 //! **How much.** On a long link the data in flight is mostly on the wire, not queued at the
 //! server, and it must cover the bandwidth-delay product. So the budget follows the round
-//! trip: [`write_budget`] is the channel's recent minimum reply time times [`WRITE_RATE`],
-//! between [`MIN_WRITE_BUDGET`] and the channel's byte bound. The minimum reply time is the
-//! round trip plus the server's quickest answer, as TCP's min-RTT filters use; it is taken over
-//! two windows of [`RTT_WINDOW`], so a link that got slower is noticed within 20 s.
+//! trip: [`write_budget`] and [`read_budget`] are the channel's recent minimum reply time
+//! times [`PACING_RATE`], between a floor ([`MIN_WRITE_BUDGET`], [`MIN_READ_BUDGET`]) and the
+//! channel's byte bound. The minimum reply time is the round trip plus the server's quickest
+//! answer, as TCP's min-RTT filters use; it is taken over two windows of [`RTT_WINDOW`], so a
+//! link that got slower is noticed within 20 s.
 //!
-//! The budget is applied by charging WRITE bytes more of the channel's byte semaphore
-//! ([`write_cost`]) rather than by a semaphore of their own, so reads and writes still share
-//! one bound and nothing has to be resized while permits are held.
+//! A budget is applied by charging the request's bytes more of the channel's byte semaphore
+//! ([`write_cost`], [`read_cost`]) rather than by a semaphore of its own, so reads and writes
+//! still share one bound and nothing has to be resized while permits are held.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -31,11 +39,19 @@ use std::time::{Duration, Instant};
 /// 0.64-0.93 s.
 pub const MIN_WRITE_BUDGET: usize = 1024 * 1024;
 
+/// Smallest read budget per channel: twelve 255 KiB READs. 8 `dd` readers of 32 MiB slices of
+/// one 256 MiB file at once (4 channels) on loopback, alternating rounds on fresh mounts,
+/// medians of 9: no budget (the channel's 8 MiB) 0.674 s, sshd 0.67 s CPU and 34,000 minor
+/// faults; 3 MiB 0.569 s, 0.54 s and 3,000; 2 MiB 0.611 s, 0.57 s and 3,000. One `dd` of the
+/// whole file: 0.480, 0.485 and 0.551 s. 1 MiB was slower for that single reader (0.645 s
+/// against 0.578 s, 7 rounds), and 4 MiB already let the faults back (10,000-25,000).
+pub const MIN_READ_BUDGET: usize = 3 * 1024 * 1024;
+
 /// Throughput one channel's budget is sized for: budget = min reply time x this. 1 GiB/s is
-/// well above what one sftp-server writes, so the budget never limits a link that is not
-/// limited by the server anyway; at 2 ms it reaches sshd's 2 MiB window, which is then the
-/// bound (a 20 ms link gets the channel's whole byte bound).
-pub const WRITE_RATE: u64 = 1 << 30;
+/// well above what one sftp-server moves, so the budget never limits a link that is not
+/// limited by the server anyway; for writes, at 2 ms it reaches sshd's 2 MiB window, which is
+/// then the bound (a 20 ms link gets the channel's whole byte bound, for reads and writes).
+pub const PACING_RATE: u64 = 1 << 30;
 
 /// Length of each of the two windows the minimum reply time is taken over.
 pub const RTT_WINDOW: Duration = Duration::from_secs(10);
@@ -43,9 +59,20 @@ pub const RTT_WINDOW: Duration = Duration::from_secs(10);
 /// Bytes of WRITE data a channel whose minimum reply time is `min_rtt` may have in flight, at
 /// most `max` (the channel's byte bound). `None` (nothing measured yet): `max`.
 pub fn write_budget(min_rtt: Option<Duration>, max: usize) -> usize {
+    budget(min_rtt, MIN_WRITE_BUDGET, max)
+}
+
+/// Bytes of READs a channel whose minimum reply time is `min_rtt` may have in flight, at most
+/// `max` (the channel's byte bound). `None` (nothing measured yet): `max`.
+pub fn read_budget(min_rtt: Option<Duration>, max: usize) -> usize {
+    budget(min_rtt, MIN_READ_BUDGET, max)
+}
+
+/// `min_rtt` x [`PACING_RATE`], between `floor` and `max` (`max` wins over `floor`).
+fn budget(min_rtt: Option<Duration>, floor: usize, max: usize) -> usize {
     let Some(rtt) = min_rtt else { return max };
-    let bdp = rtt.as_nanos().saturating_mul(WRITE_RATE as u128) / 1_000_000_000;
-    (bdp.min(max as u128) as usize).clamp(MIN_WRITE_BUDGET.min(max), max)
+    let bdp = rtt.as_nanos().saturating_mul(PACING_RATE as u128) / 1_000_000_000;
+    (bdp.min(max as u128) as usize).clamp(floor.min(max), max)
 }
 
 /// The least a WRITE counts against the budget, however small: so the budget also bounds
@@ -63,7 +90,20 @@ pub fn write_cost(len: usize, budget: usize, max: usize) -> usize {
     if len == 0 {
         return 0;
     }
-    let len = len.max(MIN_WRITE_CHARGE);
+    scaled_cost(len.max(MIN_WRITE_CHARGE), budget, max)
+}
+
+/// Permits of a `max`-permit byte semaphore a READ of `len` bytes takes when reads may have
+/// `budget` bytes in flight: `len * max / budget`, never more than `max`. No least charge as
+/// for writes, which was measured for thousands of small WRITEs queued at once: small READs
+/// come a few at a time (a random reader waits for each; small files are read ahead at most
+/// 32 at once).
+pub fn read_cost(len: usize, budget: usize, max: usize) -> usize {
+    scaled_cost(len, budget, max)
+}
+
+/// `len * max / budget` (rounded up), at most `max`.
+fn scaled_cost(len: usize, budget: usize, max: usize) -> usize {
     let budget = budget.clamp(1, max.max(1));
     let scaled = (len as u128 * max as u128).div_ceil(budget as u128);
     scaled.min(max as u128) as usize
@@ -134,6 +174,31 @@ mod tests {
         assert_eq!(write_budget(None, MAX), MAX);
         // A bound below the floor wins.
         assert_eq!(write_budget(ms(1), MIB / 2), MIB / 2);
+    }
+
+    #[test]
+    fn the_read_budget_has_its_own_floor() {
+        let us = |u: u64| Some(Duration::from_micros(u));
+        let ms = |m: u64| us(m * 1000);
+        assert_eq!(read_budget(us(80), MAX), MIN_READ_BUDGET);
+        assert_eq!(read_budget(ms(2), MAX), MIN_READ_BUDGET);
+        assert_eq!(read_budget(ms(4), MAX), 4_294_967);
+        assert_eq!(read_budget(ms(20), MAX), MAX);
+        assert_eq!(read_budget(None, MAX), MAX);
+        assert_eq!(read_budget(ms(1), 2 * MIB), 2 * MIB);
+    }
+
+    #[test]
+    fn reads_fill_the_semaphore_at_the_budget_whatever_their_size() {
+        // 3 MiB budget on an 8 MiB semaphore: twelve 255 KiB reads fit, a thirteenth does not.
+        let r = read_cost(255 * 1024, 3 * MIB, MAX);
+        assert!(12 * r <= MAX && 13 * r > MAX, "cost {r}");
+        // Small reads count their bytes only (scaled), unlike small writes.
+        assert_eq!(read_cost(4096, MAX, MAX), 4096);
+        assert_eq!(read_cost(3072, 3 * MIB, MAX), 8192);
+        // Larger than the budget: the whole semaphore, alone. Nothing costs nothing.
+        assert_eq!(read_cost(4 * MIB, 3 * MIB, MAX), MAX);
+        assert_eq!(read_cost(0, 3 * MIB, MAX), 0);
     }
 
     #[test]
