@@ -8,8 +8,8 @@
 //! Bounds: russh's own send queue is unbounded, so every request first takes a slot from a
 //! per-channel semaphore of [`MAX_REQUESTS_IN_FLIGHT`] and as many permits from a byte semaphore
 //! as it moves payload ([`MAX_BYTES_IN_FLIGHT`]; READ and WRITE data count more when the link
-//! is short, see [`pacing`]). Permits are released when the reply arrives (not when the caller gives up),
-//! so the bound holds even for cancelled requests.
+//! is short, see [`pacing`]). Permits are released when the reply arrives (not when the caller
+//! gives up), so the bound holds even for cancelled requests.
 //!
 //! When the channel or the connection dies, every pending request completes with
 //! [`RemoteError::Disconnected`] and later requests fail fast the same way. There is no
