@@ -159,10 +159,16 @@ mod tests {
     const MAX: usize = 8 * 1024 * 1024;
     const MIB: usize = 1024 * 1024;
 
+    /// A measured minimum reply time of `u` microseconds / `m` milliseconds.
+    fn us(u: u64) -> Option<Duration> {
+        Some(Duration::from_micros(u))
+    }
+    fn ms(m: u64) -> Option<Duration> {
+        us(m * 1000)
+    }
+
     #[test]
     fn the_budget_follows_the_round_trip_between_its_bounds() {
-        let us = |u: u64| Some(Duration::from_micros(u));
-        let ms = |m: u64| us(m * 1000);
         // Loopback and LAN: the floor.
         assert_eq!(write_budget(us(80), MAX), MIN_WRITE_BUDGET);
         assert_eq!(write_budget(us(900), MAX), MIN_WRITE_BUDGET);
@@ -179,8 +185,6 @@ mod tests {
 
     #[test]
     fn the_read_budget_has_its_own_floor() {
-        let us = |u: u64| Some(Duration::from_micros(u));
-        let ms = |m: u64| us(m * 1000);
         assert_eq!(read_budget(us(80), MAX), MIN_READ_BUDGET);
         assert_eq!(read_budget(ms(2), MAX), MIN_READ_BUDGET);
         assert_eq!(read_budget(ms(4), MAX), 4_294_967);
