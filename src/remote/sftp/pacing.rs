@@ -13,11 +13,11 @@
 //!
 //! Reads pile up the other way: the sftp-server answers READs as fast as its disk does, and
 //! what sshd has not yet encrypted and sent waits in its buffers (growing them costs page
-//! faults, as with writes: that is what the budget took away). One
-//! reader on one channel stays below the point where that costs much; four channels busy at
-//! once (8 readers of one file on loopback) each with the whole 8 MiB of READs in flight cost
-//! sshd 0.67 s CPU and 34,000 minor faults per 256 MiB, against 0.54 s and 3,000 with
-//! [`MIN_READ_BUDGET`] per channel (see there).
+//! faults, as with writes: that is what the budget took away). One reader on one channel
+//! stays below the point where that costs much; four channels busy at once (8 readers of one
+//! file on loopback) each with the whole 8 MiB of READs in flight cost sshd 0.67 s CPU and
+//! 34,000 minor faults per 256 MiB, against 0.54 s and 3,000 with [`MIN_READ_BUDGET`] per
+//! channel (see there).
 //!
 //! **How much.** On a long link the data in flight is mostly on the wire, not queued at the
 //! server, and it must cover the bandwidth-delay product. So the budget follows the round
