@@ -3148,44 +3148,51 @@ fn reconnect_after_connection_loss() {
 /// With `-o reconnect`, writes on the wire when the connection drops are sent again on the
 /// new one, in order: a program that writes through drops and calls fsync after each is
 /// told of nothing, and the server has every byte. (Before, fsync reported EIO for what the
-/// drop took with it.) Writes are answered when queued, so right after `write` returns part
-/// of it is still on its way; rounds are repeated until a drop took some (it almost always
-/// does at once), so the test is known to have tested the resend. The fsync of each round
-/// lets its resends land before the next drop: a write sent again three times and lost each
-/// time is reported by design (a write that brings the server down is not sent forever).
+/// drop took with it.) Writes are answered when queued; each round holds the server's SFTP
+/// processes stopped while it writes, waits until the mount has put the round's write on the
+/// wire (`bytes_written`), where nothing can answer it, and only then drops the connection:
+/// every round's write is one the drop took, whatever this machine's speed. A fresh
+/// descriptor per round keeps the run short of striping (lanes would be opened on the
+/// stopped servers). The fsync of each round lets its resends land before the next drop: a
+/// write sent again three times and lost each time is reported by design (a write that
+/// brings the server down is not sent forever).
 #[test]
 fn reconnect_sends_again_the_writes_a_drop_took() {
     let m = TestMount::start(&["reconnect"]);
-    const MIB: usize = 1 << 20;
+    // Well within what the mount puts on one channel's wire before answers come back
+    // (`MIN_WRITE_BUDGET`).
+    const CHUNK: usize = 256 << 10;
     const ROUNDS: usize = 6;
-    for attempt in 0..5 {
-        let name = format!("w{attempt}.bin");
-        let data = pattern(21 + attempt as u64, ROUNDS * MIB);
-        let f = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(m.p(&name))
-            .unwrap();
-        for round in 0..ROUNDS {
-            let at = round * MIB;
-            f.write_all_at(&data[at..at + MIB], at as u64)
-                .unwrap_or_else(|e| panic!("write in round {round}: {e}; stderr: {}", m.stderr()));
-            assert!(
-                m.sshd().kill_connections() > 0,
-                "round {round}: no connection to kill"
-            );
-            f.sync_all().unwrap_or_else(|e| {
-                panic!("fsync after drop {round}: {e}; stderr: {}", m.stderr())
-            });
-        }
+    let data = pattern(21, ROUNDS * CHUNK);
+    fs::write(m.p("w.bin"), b"").unwrap();
+    for round in 0..ROUNDS {
+        let f = OpenOptions::new().write(true).open(m.p("w.bin")).unwrap();
+        let (written, sent_again) = (
+            status_counter(&m.mnt, "bytes_written"),
+            status_counter(&m.mnt, "writes_sent_again"),
+        );
+        let paused = m.sshd().pause_sftp_servers();
+        let at = round * CHUNK;
+        f.write_all_at(&data[at..at + CHUNK], at as u64)
+            .unwrap_or_else(|e| panic!("write in round {round}: {e}; stderr: {}", m.stderr()));
+        let on_the_wire = poll_until(Duration::from_secs(30), || {
+            status_counter(&m.mnt, "bytes_written") >= written + CHUNK as u64
+        });
+        assert!(
+            m.sshd().kill_connections() > 0,
+            "round {round}: no connection to kill"
+        );
+        drop(paused);
+        assert!(on_the_wire, "round {round}: the write was never sent");
+        f.sync_all()
+            .unwrap_or_else(|e| panic!("fsync after drop {round}: {e}; stderr: {}", m.stderr()));
+        assert!(
+            status_counter(&m.mnt, "writes_sent_again") > sent_again,
+            "round {round}: the write the drop took was not sent again"
+        );
         drop(f);
-        assert_same_bytes(&fs::read(m.e(&name)).unwrap(), &data, "the server's copy");
-        if status_counter(&m.mnt, "writes_sent_again") > 0 {
-            return;
-        }
     }
-    panic!("no drop in 5 x {ROUNDS} took a write on its way: the resend was not tested");
+    assert_same_bytes(&fs::read(m.e("w.bin")).unwrap(), &data, "the server's copy");
 }
 
 /// Regression (was a bug): with `-o reconnect`, the operation on an open file that is the
