@@ -1344,6 +1344,62 @@ async fn a_connection_lost_during_authentication_is_not_a_refusal() {
     assert_eq!(e.kind(), ConnectErrorKind::Network, "{e}");
 }
 
+/// An early write-back the server never answers (its sftp-server stuck in `open(2)` of a
+/// FIFO put in the file's place, or in `fsync(2)` on a dead disk; here: stopped) is given up
+/// on after `write_back_timeout`: the call returns, its channel is closed, and no other is
+/// opened on this connection. The connection and its other channels go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_back_early_gives_up_on_a_server_that_never_answers() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.write_back_timeout = Duration::from_secs(1);
+    let r = SftpRemote::connect(cfg).await.unwrap();
+    let file = sshd.export_dir.join("f");
+    std::fs::write(&file, b"data").unwrap();
+    let before = sshd.sftp_server_pids();
+    r.write_back_early(&file).await.unwrap();
+    let extra: Vec<i32> = sshd
+        .sftp_server_pids()
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .collect();
+    assert_eq!(extra.len(), 1, "no channel of its own: {extra:?}");
+    let stuck = Pid::from_raw(extra[0]);
+    kill(stuck, Signal::SIGSTOP).unwrap();
+    let started = Instant::now();
+    let given_up = tokio::time::timeout(Duration::from_secs(60), r.write_back_early(&file)).await;
+    let _ = kill(stuck, Signal::SIGCONT);
+    let waited = started.elapsed();
+    given_up
+        .expect("an unanswered write-back was not given up on")
+        .unwrap();
+    assert!(
+        waited >= Duration::from_secs(1),
+        "returned before an answer or the bound: {waited:?}"
+    );
+    // Its channel was closed: the stuck sftp-server ends once it runs again.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sshd.sftp_server_pids().contains(&extra[0]) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !sshd.sftp_server_pids().contains(&extra[0]),
+        "the channel of the unanswered write-back was not closed"
+    );
+    r.write_back_early(&file).await.unwrap();
+    let (mut now, mut before) = (sshd.sftp_server_pids(), before);
+    now.sort_unstable();
+    before.sort_unstable();
+    assert_eq!(
+        now, before,
+        "another write-back channel was opened on this connection"
+    );
+    assert!(r.is_connected());
+    assert_eq!(r.lstat(&file).await.unwrap().size, Some(4));
+}
+
 /// Early write-back (`Remote::write_back_early`) goes on an SFTP channel of its own, opened at
 /// the first one (its sftp-server blocks in `fsync(2)` while the file's writes go on over the
 /// others), and kept; a path that is gone or is no regular file is nothing to write back.

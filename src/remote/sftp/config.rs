@@ -115,6 +115,10 @@ pub struct SshConfig {
     /// Bound on TCP connect + SSH handshake + authentication, and again on starting the SFTP
     /// channels.
     pub connect_timeout: Duration,
+    /// Bound on one early write-back (LSTAT, OPEN, fsync, CLOSE on its own channel; see
+    /// `SftpRemote::write_back_early`). Default 5 minutes: a long file on a slow disk takes
+    /// its time, but a server that never answers must not hold the channel for good.
+    pub write_back_timeout: Duration,
     pub reconnect: ReconnectPolicy,
 }
 
@@ -136,6 +140,7 @@ impl std::fmt::Debug for SshConfig {
             .field("window_size", &self.window_size)
             .field("max_conns", &self.max_conns)
             .field("connect_timeout", &self.connect_timeout)
+            .field("write_back_timeout", &self.write_back_timeout)
             .field("reconnect", &self.reconnect)
             .finish()
     }
@@ -143,7 +148,8 @@ impl std::fmt::Debug for SshConfig {
 
 impl SshConfig {
     /// A config with the defaults: port 22, `~/.ssh/known_hosts`, 15 s keepalive (3 misses),
-    /// 16 MiB window, 4 channels, 30 s connect timeout, no reconnect.
+    /// 16 MiB window, 4 channels, 30 s connect timeout, 5 min early write-back bound, no
+    /// reconnect.
     pub fn new(host: impl Into<String>, user: impl Into<String>, identity: Identity) -> Self {
         SshConfig {
             host: host.into(),
@@ -158,6 +164,7 @@ impl SshConfig {
             window_size: 16 * 1024 * 1024,
             max_conns: 4,
             connect_timeout: Duration::from_secs(30),
+            write_back_timeout: Duration::from_secs(300),
             reconnect: ReconnectPolicy::default(),
         }
     }

@@ -46,10 +46,6 @@ use crate::remote::{
     RenameMode, SetAttrs, StatVfs, Status, WriteAck,
 };
 
-/// How long an early write-back may take before it is given up on (see
-/// `SftpRemote::write_back_early`).
-const WRITE_BACK_TIMEOUT: Duration = Duration::from_secs(300);
-
 /// Largest READ/WRITE payload we ever use: 255 KiB, so a WRITE packet with its header stays
 /// under OpenSSH's 256 KiB packet limit.
 pub const MAX_IO_SIZE: u32 = 255 * 1024;
@@ -1302,7 +1298,7 @@ impl Remote for SftpRemote {
         // session (the server's `MaxSessions`) until it ends, and a disk that slow is no
         // place for more fsyncs.
         let sequence = self.write_back_on(&c, &mut slot, path);
-        match tokio::time::timeout(WRITE_BACK_TIMEOUT, sequence).await {
+        match tokio::time::timeout(self.inner.cfg.write_back_timeout, sequence).await {
             Ok(result) => result,
             Err(_) => {
                 debug!(
