@@ -3397,6 +3397,46 @@ fn write_and_close(path: &Path, data: &[u8], fsync: bool) -> (io::Result<()>, &'
     first
 }
 
+/// Regression (was data loss): a file created early (in a directory made through the mount)
+/// and written, then looked up by path while its descriptor was still open, was shown with
+/// the size its directory's cached listing had recorded at the create: 0. The kernel took
+/// that size, so `lseek(SEEK_END)` returned 0 and the next write overwrote the file's start
+/// on the server; `cat` after the close read nothing for the attribute TTL.
+#[test]
+fn a_file_created_early_shows_its_written_size_to_a_lookup() {
+    use std::io::{Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let m = TestMount::start(&[]);
+    for round in 0..20 {
+        let dir = m.p(format!("fresh{round}"));
+        fs::create_dir(&dir).unwrap();
+        let path = dir.join("f");
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&path)
+            .unwrap();
+        f.write_all(&[b'A'; 100]).unwrap();
+        let seen = fs::metadata(&path).unwrap().len();
+        let end = f.seek(SeekFrom::End(0)).unwrap();
+        f.write_all(&[b'B'; 50]).unwrap();
+        drop(f);
+        let mut want = vec![b'A'; 100];
+        want.extend_from_slice(&[b'B'; 50]);
+        let got = fs::read(&path).unwrap();
+        let server = fs::read(m.e(format!("fresh{round}/f"))).unwrap();
+        assert!(
+            seen == 100 && end == 100 && got == want && server == want,
+            "round {round}: stat said {seen}, SEEK_END {end}; the mount reads {} bytes, the \
+             server holds {} (want 150)",
+            got.len(),
+            server.len()
+        );
+    }
+}
+
 /// A create in a directory made through the mount is answered before the server has made the
 /// file. A file put under that name on the server's side in the meantime (within the listing
 /// TTL) makes it fail at the close, through a real mount, and the server's file is left as it

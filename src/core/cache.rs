@@ -74,6 +74,9 @@ pub struct MetaCache {
     /// the request was on its way (else a lookup racing a write would cache the old size).
     clock: u64,
     changed: std::collections::HashMap<Ino, u64>,
+    /// When writes of each inode were last answered by the server, on the same clock: an
+    /// answer asked for before may predate them, although nothing is pending any more.
+    landed: std::collections::HashMap<Ino, u64>,
     /// Counts the name changes made through the mount (a subset of the clock's changes): a
     /// listing fetched ahead by path is kept only if none came while it was on its way.
     names_clock: u64,
@@ -128,6 +131,7 @@ impl MetaCache {
             config,
             clock: 0,
             changed: std::collections::HashMap::new(),
+            landed: std::collections::HashMap::new(),
             names_clock: 0,
             names_changed_at: None,
             attrs: LruCache::new(cap(config.max_entries)),
@@ -276,6 +280,18 @@ impl MetaCache {
         self.names_clock
     }
 
+    /// A write of `ino` was answered by the server (it changed the server's file, which the
+    /// mount's caches already know as changed: nothing cached is dropped).
+    pub fn write_landed(&mut self, ino: Ino) {
+        self.clock += 1;
+        self.landed.insert(ino, self.clock);
+    }
+
+    /// Whether a write of `ino` was answered after the clock read `since`.
+    pub fn landed_since(&self, ino: Ino, since: u64) -> bool {
+        self.landed.get(&ino).is_some_and(|&t| t > since)
+    }
+
     /// Whether `ino` changed after the clock read `since`.
     pub fn changed_since(&self, ino: Ino, since: u64) -> bool {
         self.changed.get(&ino).is_some_and(|&t| t > since)
@@ -285,6 +301,7 @@ impl MetaCache {
     pub fn forget_inode(&mut self, ino: Ino) {
         self.forget_attrs(ino);
         self.changed.remove(&ino);
+        self.landed.remove(&ino);
     }
 
     pub fn forget_attrs(&mut self, ino: Ino) {

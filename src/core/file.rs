@@ -276,7 +276,15 @@ impl<R: Remote> WriteStream<R> {
             // Counted out only once a loss is in `lost` (sent again through the own handle,
             // not a lane): one who looks at the count, then at `lost`, sees one of them.
             let lane_write = std::mem::take(&mut sent.on_lane).then(|| sent.file.clone());
-            if let Err(e) = ack.await {
+            let answer = ack.await;
+            if answer.is_ok() {
+                // Before the permit goes (and with it `pending`): whoever then finds nothing
+                // pending finds the landing on the change clock instead.
+                if let Some(fs) = fs.upgrade() {
+                    fs.write_landed(sent.file.ino);
+                }
+            }
+            if let Err(e) = answer {
                 if sent.may_send_again(&e) {
                     tracing::debug!(
                         ino = sent.file.ino,

@@ -715,6 +715,28 @@ impl<R: Remote> Fs<R> {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Where the files open for writing are, relative to the workspace (each once; not
+    /// those whose name was removed): what a downgrade has the kernel write back first.
+    pub fn paths_open_for_writing(&self) -> Vec<PathBuf> {
+        let mut inos: Vec<Ino> = {
+            let files = self.files.lock().unwrap();
+            files
+                .values()
+                .filter(|f| f.flags.write)
+                .map(|f| f.ino)
+                .collect()
+        };
+        inos.sort_unstable();
+        inos.dedup();
+        let inodes = self.inodes.lock().unwrap();
+        inos.into_iter()
+            .filter_map(|ino| match inodes.location(ino) {
+                Location::Path(rel) => Some(rel),
+                Location::Detached => None,
+            })
+            .collect()
+    }
+
     /// Absolute server path of an inode.
     fn path_of(&self, ino: Ino) -> FsResult<PathBuf> {
         match self.inodes.lock().unwrap().location(ino) {
@@ -1206,6 +1228,18 @@ impl<R: Remote> Fs<R> {
     /// [`MetaCache::listing_fill`]).
     /// Returns whether they were kept.
     fn cache_attrs_from(&self, ino: Ino, attrs: CachedAttrs, since: u64) -> bool {
+        self.cache_attrs_checked(ino, attrs, since, true)
+    }
+
+    /// [`Fs::cache_attrs_from`]; `landings`: whether writes answered since `since` make the
+    /// attributes suspect (not for an answer known to come after them, `attrs_behind_writes`).
+    fn cache_attrs_checked(
+        &self,
+        ino: Ino,
+        attrs: CachedAttrs,
+        since: u64,
+        landings: bool,
+    ) -> bool {
         if !self.writers_of(ino).is_empty() {
             return false;
         }
@@ -1215,7 +1249,7 @@ impl<R: Remote> Fs<R> {
             inodes.names_of(ino)
         };
         let mut cache = self.cache.lock().unwrap();
-        if cache.changed_since(ino, since) {
+        if cache.changed_since(ino, since) || (landings && cache.landed_since(ino, since)) {
             return false;
         }
         cache.put_attrs(ino, attrs);
@@ -1309,12 +1343,17 @@ impl<R: Remote> Fs<R> {
         if attrs.file_type() == FileKind::Dir {
             self.adopt_listing_ahead(ino);
         }
-        let (attrs, changed) = {
+        let (attrs, changed, landed) = {
             let mut cache = self.cache.lock().unwrap();
+            let landed = cache.landed_since(ino, since);
             if cache.changed_since(ino, since) {
-                (cache.get_attrs(ino).map(|c| c.attrs).unwrap_or(attrs), true)
+                (
+                    cache.get_attrs(ino).map(|c| c.attrs).unwrap_or(attrs),
+                    true,
+                    landed,
+                )
             } else {
-                (attrs, false)
+                (attrs, false, landed)
             }
         };
         if let (Some(n), false) = (nlink, changed) {
@@ -1322,7 +1361,13 @@ impl<R: Remote> Fs<R> {
             // through the mount came after the listing was taken.
             self.inodes.lock().unwrap().set_nlink(ino, n);
         }
-        let attrs = self.with_pending_size(ino, attrs);
+        // A write landed after the answer was asked for: the answer may predate it (and
+        // it is no longer pending), so the size is at least what was written.
+        let attrs = if landed {
+            self.with_written_size(ino, attrs, |_| true)
+        } else {
+            self.with_pending_size(ino, attrs)
+        };
         if let (FileKind::File, Some(size)) = (attrs.file_type(), attrs.size) {
             self.enforcer.quota.observe(ino, size);
         }
@@ -1620,13 +1665,28 @@ impl<R: Remote> Fs<R> {
         alone && file.writes_ahead_on_own_handle()
     }
 
+    /// A write of `ino` was answered by the server. An answer about `ino` asked for before
+    /// (a stat, a listing) may predate it, and it is no longer pending: such an answer is
+    /// not cached, and its size is taken as at least what was written (see `remember`).
+    pub(crate) fn write_landed(&self, ino: Ino) {
+        self.cache.lock().unwrap().write_landed(ino);
+    }
+
     /// The server may not have seen every write yet: never show a size below what was written.
-    fn with_pending_size(&self, ino: Ino, mut attrs: Attrs) -> Attrs {
+    fn with_pending_size(&self, ino: Ino, attrs: Attrs) -> Attrs {
+        self.with_written_size(ino, attrs, |f| f.writes_pending())
+    }
+
+    /// `attrs` with a size no lower than the end of what each open descriptor of `ino` that
+    /// `counts` wrote.
+    fn with_written_size(
+        &self,
+        ino: Ino,
+        mut attrs: Attrs,
+        counts: impl Fn(&OpenFile<R>) -> bool,
+    ) -> Attrs {
         let files = self.files.lock().unwrap();
-        for f in files
-            .values()
-            .filter(|f| f.ino == ino && f.writes_pending())
-        {
+        for f in files.values().filter(|f| f.ino == ino && counts(f)) {
             let end = f.written_end.load(Ordering::Relaxed);
             if attrs.size.is_some_and(|s| s < end) {
                 attrs.size = Some(end);
@@ -4040,7 +4100,8 @@ impl<R: Remote> Fs<R> {
         };
         if clean
             && attrs.file_type() == FileKind::File
-            && self.cache_attrs_from(file.ino, CachedAttrs { attrs, nlink: None }, since)
+            // (Asked after the writes, through the same handle: their landing is in it.)
+            && self.cache_attrs_checked(file.ino, CachedAttrs { attrs, nlink: None }, since, false)
         {
             file.attrs_settled_at.store(since, Ordering::Relaxed);
             self.stats
@@ -4288,16 +4349,28 @@ impl<R: Remote> Fs<R> {
         until: std::time::Instant,
     ) -> Arc<Vec<DirEntry>> {
         // Entries changed through the mount while the listing was on its way may show
-        // attributes from before the change: mark those unknown (see listing_update). The
-        // check and the caching happen under one lock, so a change that completes in between
-        // cannot update an older cached listing and leave this stale one behind it.
+        // attributes from before the change: mark those unknown (see listing_update). So may
+        // files with writes still on their way, or answered while it was (the server may have
+        // listed before it carried them out). The check and the caching happen under one
+        // lock, so a change that completes in between cannot update an older cached listing
+        // and leave this stale one behind it. (Files taking writes are found first, with no
+        // other lock held; a write queued after that is a change since `since`.)
+        let writing: Vec<Ino> = {
+            let files = self.files.lock().unwrap();
+            files
+                .values()
+                .filter(|f| f.writes_pending())
+                .map(|f| f.ino)
+                .collect()
+        };
         let inodes = self.inodes.lock().unwrap();
         let mut cache = self.cache.lock().unwrap();
         for e in listing.iter_mut() {
-            if inodes
-                .child(ino, &e.name)
-                .is_some_and(|child| cache.changed_since(child, since))
-            {
+            if inodes.child(ino, &e.name).is_some_and(|child| {
+                cache.changed_since(child, since)
+                    || cache.landed_since(child, since)
+                    || writing.contains(&child)
+            }) {
                 e.attrs.size = None;
             }
         }
