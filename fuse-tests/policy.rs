@@ -1594,6 +1594,72 @@ fn downgrade_turns_a_running_mount_read_only() {
     assert!(!st.success(), "downgrade / succeeded: {err}");
 }
 
+/// Regression (was a bug): pages of a shared writable mapping dirtied before a lease's end
+/// live in the kernel's page cache only; the kernel wrote them back *after* the mount had
+/// turned read-only, they got EROFS, `msync` failed and the server kept the old bytes.
+/// Expected: written back before the mount refuses writes, as the docs promise for
+/// everything written before the lease's end.
+#[test]
+fn lease_expiry_writes_back_pages_dirtied_through_mmap_first() {
+    const LEN: usize = 3 * 4096;
+    let sshd = TestSshd::start();
+    fs::write(sshd.export_dir.join("map.bin"), vec![0u8; LEN]).unwrap();
+    let expires = SystemTime::now() + Duration::from_secs(10);
+    let at = awcp_mount::policy::lease::format_rfc3339(expires);
+    let m = try_mount(
+        &sshd,
+        &sshd.export_dir,
+        "[lease]\ngrace_seconds = 60\n",
+        &[],
+        &["--expires-at", &at],
+        false,
+    )
+    .unwrap_or_else(|f| panic!("mount failed: {f:?}"));
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.p("map.bin"))
+        .unwrap();
+    let mut want = vec![0u8; LEN];
+    // SAFETY: a fresh shared mapping of LEN bytes of a file that long; every write stays
+    // inside it, and it is unmapped before the file is dropped.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
+        let view = std::slice::from_raw_parts_mut(p as *mut u8, LEN);
+        for (off, bytes) in [(0usize, &b"DIRTY"[..]), (2 * 4096 + 100, b"PAGES")] {
+            view[off..off + bytes.len()].copy_from_slice(bytes);
+            want[off..off + bytes.len()].copy_from_slice(bytes);
+        }
+        assert!(
+            poll_until(Duration::from_secs(60), || mount_status(&m.mnt)["access"]
+                == "ro"),
+            "the lease did not end"
+        );
+        let msync = libc::msync(p, LEN, libc::MS_SYNC);
+        let msync_err = io::Error::last_os_error();
+        libc::munmap(p, LEN);
+        assert_same(
+            &fs::read(m.e("map.bin")).unwrap(),
+            &want,
+            "server copy after the lease's end",
+        );
+        assert_eq!(msync, 0, "msync after the lease's end: {msync_err}");
+    }
+    assert_errno(
+        raw_write(&f, b"late"),
+        libc::EROFS,
+        "write after the lease's end",
+    );
+}
+
 /// Regression (was a bug): the kernel remount done by a downgrade (and at lease expiry) passes
 /// only `MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NODEV | MS_NOSUID` (src/mount.rs `downgrade`),
 /// and a bind remount *replaces* the per-mount flags: a mount made with `-o noexec` allows

@@ -706,6 +706,9 @@ struct MountInfo {
 /// remounted `ro` so tools see it in /proc/mounts too.
 pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<(), String> {
     let first = !fs.is_read_only();
+    if first {
+        write_back_mapped_pages(fs, mountpoint).await;
+    }
     fs.set_read_only();
     let flushed = fs.flush_all().await;
     if first {
@@ -716,6 +719,44 @@ pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<
         tokio::spawn(remount_read_only(mp));
     }
     flushed.map_err(|e| format!("downgraded, but some writes failed to flush: {e}"))
+}
+
+/// Have the kernel write back the pages that shared writable mappings dirtied in the files
+/// open for writing: they are in its page cache only, and written back whenever it likes,
+/// which after the downgrade would be refused (EROFS) and lose them. `syncfs` would start
+/// that writeback but, on FUSE, not wait for it (the kernel does not let a FUSE server hold
+/// up `sync`); `fsync` of a file does wait, so each such file is opened through the mount and
+/// fsynced, while writes are still accepted. Bounded, so that a server that stopped answering
+/// cannot hold up the downgrade (the pages are then lost as before, and `msync` says so).
+/// A file whose name was removed cannot be opened again, and is left to its descriptors.
+async fn write_back_mapped_pages<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) {
+    let files: Vec<PathBuf> = fs
+        .paths_open_for_writing()
+        .into_iter()
+        .map(|rel| mountpoint.join(rel))
+        .collect();
+    if files.is_empty() {
+        return;
+    }
+    let sync = tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::OpenOptionsExt;
+        for path in files {
+            let synced = std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+                .open(&path)
+                .and_then(|f| f.sync_data());
+            if let Err(e) = synced {
+                tracing::debug!(path = %path.display(), "write-back before the downgrade: {e}");
+            }
+        }
+    });
+    if tokio::time::timeout(Duration::from_secs(10), sync)
+        .await
+        .is_err()
+    {
+        tracing::warn!("writing back mapped pages before the downgrade took over 10 s; going on");
+    }
 }
 
 /// Make the kernel mount itself read-only, keeping its other per-mount flags (a bind
