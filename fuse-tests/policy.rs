@@ -1183,6 +1183,59 @@ fn mount_point_exchanged_during_the_checks_is_not_mounted_over() {
     );
 }
 
+/// Regression (was a bug): awcp-mounts started at the same moment on one empty directory all
+/// passed the checks (each found it empty and unmounted) and all mounted, stacked; `umount`
+/// and `downgrade` reached only the top one, and the others stayed read-write and unseen.
+/// Expected: one mount; the others refused with `not-mounted`. (Races the real thing: four
+/// attempts at once, three times; without the directory's lock, stacks came every time.)
+#[test]
+fn simultaneous_mounts_on_one_directory_make_one() {
+    let sshd = TestSshd::start();
+    let s = Scratch::new();
+    let root = s.mkdir("root");
+    let policy = s.write("policy.toml", &policy_text(&root, ""));
+    let mnt = s.mkdir("root/mnt");
+    let args = args_for(&sshd, &mnt, &policy, &[], None);
+    for round in 0..3 {
+        let start = Arc::new(Barrier::new(4));
+        let attempts: Vec<_> = (0..4)
+            .map(|_| {
+                let (start, args) = (start.clone(), args.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    run_bin(&args)
+                })
+            })
+            .collect();
+        let results: Vec<_> = attempts.into_iter().map(|t| t.join().unwrap()).collect();
+        let mounted = fstypes_at(&mnt).len();
+        let ok = results.iter().filter(|(st, _, _)| st.success()).count();
+        let refusals: Vec<&String> = results
+            .iter()
+            .filter(|(st, _, _)| !st.success())
+            .map(|(_, _, err)| err)
+            .collect();
+        // Take every mount down before judging, stacked ones too.
+        while !fstypes_at(&mnt).is_empty() {
+            let (st, _, err) = run_bin(&[OsString::from("umount"), mnt.clone().into()]);
+            if !st.success() {
+                let _ = run_with_deadline(Command::new("umount").arg("-l").arg(&mnt), CMD_DEADLINE);
+                eprintln!("awcp-mount umount: {err}");
+            }
+        }
+        assert!(
+            mounted == 1 && ok == 1,
+            "round {round}: {mounted} mounts stacked on one directory, {ok} attempts succeeded"
+        );
+        for err in refusals {
+            assert!(
+                err.contains("MOUNTPOINT_DENIED (not-mounted)"),
+                "round {round}: refused with: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn create_mountpoint_creates_and_removes_on_failure() {
     let sshd = TestSshd::start();

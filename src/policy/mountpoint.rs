@@ -59,6 +59,9 @@ pub struct Checked {
     pub path: PathBuf,
     /// `O_PATH` descriptor of the directory: mount on this.
     pub dir: OwnedFd,
+    /// The directory's lock (see `lock_against_other_mounts`), held while this lives: keep
+    /// it until the mount is made, or for the mount's life.
+    _lock: OwnedFd,
     /// We created the directory (remove it again if the mount fails).
     pub created: bool,
 }
@@ -246,20 +249,72 @@ pub fn check(policy: &Policy, requested: &Path) -> Result<Checked, Denied> {
     if result.is_err() && v.would_create {
         let _ = std::fs::remove_dir(&v.path);
     }
-    result.map(|dir| Checked {
+    result.map(|(dir, lock)| Checked {
         path: v.path.clone(),
         dir,
+        _lock: lock,
         created: v.would_create,
     })
 }
 
-fn check_open(path: &Path) -> Result<OwnedFd, Denied> {
+/// Take the directory's lock (`flock`, exclusive, without waiting) so that no other
+/// awcp-mount gets through these checks on it at the same time: two that did would both find
+/// it empty and unmounted, and stack their mounts on it. The lock lives on the directory
+/// under the mount, so it is also taken for as long as a mount made by its holder is there.
+/// Refused if another holds it; once it is ours, mountinfo must not show a mount there
+/// (one finished by another just before).
+fn lock_against_other_mounts(dir: &OwnedFd, path: &Path) -> Result<OwnedFd, Denied> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: openat on the directory we hold (an O_PATH descriptor may be a dirfd); the
+    // result is a new descriptor we own, or -1.
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c".".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(deny("path", format!("{}: {e}", path.display())));
+    }
+    // SAFETY: fd was just opened and is owned by nothing else.
+    let lock = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            deny(
+                "not-mounted",
+                format!(
+                    "another awcp-mount is mounting on {} right now, or has mounted there; wait for it, or pick another directory",
+                    path.display()
+                ),
+            )
+        } else {
+            deny("path", format!("cannot lock {}: {e}", path.display()))
+        });
+    }
+    if crate::mountinfo::is_mount_point(path).unwrap_or(true) {
+        return Err(deny(
+            "not-mounted",
+            format!(
+                "{} is already a mount point (unmount it first)",
+                path.display()
+            ),
+        ));
+    }
+    Ok(lock)
+}
+
+fn check_open(path: &Path) -> Result<(OwnedFd, OwnedFd), Denied> {
     let dir = open_dir_nofollow(path).map_err(|e| {
         deny(
             "not-a-symlink",
             format!("cannot open {} as a directory: {e}", path.display()),
         )
     })?;
+    let lock = lock_against_other_mounts(&dir, path)?;
     let changed = || {
         deny(
             "changed",
@@ -317,7 +372,7 @@ fn check_open(path: &Path) -> Result<OwnedFd, Denied> {
             ),
         ));
     }
-    Ok(dir)
+    Ok((dir, lock))
 }
 
 /// Whether the open directory is the root of a mount (`STATX_ATTR_MOUNT_ROOT`).
