@@ -354,7 +354,7 @@ fn run_inner(
     policy: Policy,
     policy_file: Option<PathBuf>,
     access: AccessMode,
-    checked: Checked,
+    mut checked: Checked,
     ssh: SshConfig,
     readiness: &mut Readiness,
 ) -> Result<(), MountError> {
@@ -469,6 +469,7 @@ fn run_inner(
         let u = s.unmount_callable();
         (s, Unmounter::Fuser(u))
     };
+    checked.mounted();
     tracing::info!(remote = %root.display(), mountpoint = %mountpoint.display(), "mounted");
     let notifier = session.notifier();
     fs.kernel_caches().connect(Box::new(move |ino| {

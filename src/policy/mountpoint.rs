@@ -59,14 +59,20 @@ pub struct Checked {
     pub path: PathBuf,
     /// `O_PATH` descriptor of the directory: mount on this.
     pub dir: OwnedFd,
-    /// The directory's lock (see `lock_against_other_mounts`), held while this lives: keep
-    /// it until the mount is made, or for the mount's life.
-    _lock: OwnedFd,
+    /// The directory's lock (see `lock_against_other_mounts`), held until [`Checked::mounted`].
+    lock: Option<OwnedFd>,
     /// We created the directory (remove it again if the mount fails).
     pub created: bool,
 }
 
 impl Checked {
+    /// The mount is made: from now on another awcp-mount finds it in mountinfo. The lock
+    /// goes, so that it does not outlive the mount in a process that a lazy unmount left
+    /// running (a new mount there is then allowed, as without one).
+    pub fn mounted(&mut self) {
+        self.lock = None;
+    }
+
     /// Undo what the check did, after a failed mount: remove the directory if we created it
     /// (only if it is still empty and not mounted: `rmdir` refuses anything else).
     pub fn abandon(self) {
@@ -252,16 +258,15 @@ pub fn check(policy: &Policy, requested: &Path) -> Result<Checked, Denied> {
     result.map(|(dir, lock)| Checked {
         path: v.path.clone(),
         dir,
-        _lock: lock,
+        lock: Some(lock),
         created: v.would_create,
     })
 }
 
 /// Take the directory's lock (`flock`, exclusive, without waiting) so that no other
 /// awcp-mount gets through these checks on it at the same time: two that did would both find
-/// it empty and unmounted, and stack their mounts on it. The lock lives on the directory
-/// under the mount, so it is also taken for as long as a mount made by its holder is there.
-/// Refused if another holds it; once it is ours, mountinfo must not show a mount there
+/// it empty and unmounted, and stack their mounts on it. It is held until the mount is made
+/// (then mountinfo shows it). Refused if another holds it; once it is ours, mountinfo must not show a mount there
 /// (one finished by another just before).
 fn lock_against_other_mounts(dir: &OwnedFd, path: &Path) -> Result<OwnedFd, Denied> {
     use std::os::fd::FromRawFd;
