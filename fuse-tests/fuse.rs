@@ -3479,6 +3479,29 @@ fn a_create_answered_early_that_loses_to_the_server_fails_at_close() {
     }
 }
 
+/// Regression (was a bug): an ordinary create (`>`, `O_CREAT|O_TRUNC`, no `O_EXCL`) answered
+/// early in a directory made through the mount failed with EIO at its write or close when a
+/// file of that name had been made on the server's side meanwhile (the OPEN sent for it is
+/// exclusive), and the server kept the old file; `tar -x` over it failed. Expected, as
+/// open(2) does: the file is opened, truncated and written.
+#[test]
+fn an_ordinary_create_answered_early_opens_a_file_made_meanwhile() {
+    let m = TestMount::start(&[]);
+    fs::create_dir(m.p("d")).unwrap();
+    // Made on the server's side, after the mkdir: the mount's listing of d says it is empty.
+    fs::write(m.e("d/f"), b"theirs, longer than mine").unwrap();
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.p("d/f"))
+        .expect("create");
+    f.write_all(b"mine").expect("write");
+    f.sync_all().expect("fsync");
+    drop(f);
+    assert_eq!(fs::read(m.e("d/f")).unwrap(), b"mine", "the server's copy");
+}
+
 #[test]
 fn server_write_errors_reach_the_application() {
     let sshd = TestSshd::start();

@@ -3238,8 +3238,10 @@ impl<R: Remote> Fs<R> {
     /// `stat`, `open`, `access`, `unlink` or change by name of the file (`create_landed`).
     /// The kernel is told to keep neither the entry nor the attributes it is answered with.
     ///
-    /// If the server refuses the OPEN (a file of that name made on its side meanwhile, its
-    /// disk full, permissions changed there), the descriptor's writes, its flush and close
+    /// A create without `O_EXCL` whose OPEN finds a regular file made under the name on the
+    /// server's side meanwhile opens that file, as open(2) would. If the server refuses the
+    /// OPEN otherwise (an `O_EXCL` create finding the name taken, its disk full, permissions
+    /// changed there), the descriptor's writes, its flush and close
     /// fail (EIO), like a write-behind that failed; nothing is written anywhere, and the
     /// name is looked up again, as another inode. What an application cannot learn this way is
     /// whether an `O_EXCL` create won against a creator on the server's side in that
@@ -3283,6 +3285,7 @@ impl<R: Remote> Fs<R> {
         let attr = self.remember(parent, name, made_up, Some(1), since);
         let ino = attr.ino;
         self.enforcer.quota.created(ino);
+        let asked_exclusive = flags.exclusive;
         let flags = OpenFlags {
             exclusive: true,
             ..flags
@@ -3314,6 +3317,24 @@ impl<R: Remote> Fs<R> {
                         }
                     }
                     Ok((handle, attrs))
+                }
+                // Not asked to be exclusive (`>`, `open(O_CREAT|O_TRUNC)`): a file made under
+                // the name on the server's side meanwhile is opened as open(2) would open it,
+                // truncated if asked, its mode left as it is. Only a regular file: never
+                // through a link the server put there. (SFTP v3 says only "failure" when an
+                // exclusive create finds the name taken; anything else fails here again.)
+                Err(RemoteError::Status(Status::Failure, why)) if !asked_exclusive => {
+                    match fs.remote.lstat(&path).await {
+                        Ok(a) if a.file_type() == FileKind::File => {
+                            let existing = OpenFlags {
+                                exclusive: false,
+                                create: false,
+                                ..flags
+                            };
+                            fs.remote.open_stat(&path, existing, perm).await
+                        }
+                        _ => Err(RemoteError::Status(Status::Failure, why)),
+                    }
                 }
                 Err(e) => Err(e),
             };
