@@ -2964,6 +2964,19 @@ fn check_policy_reports_good_and_bad_files() {
             "check-policy does not print {want:?}:\n{out}"
         );
     }
+    assert!(!err.contains("warning"), "an existing mount root: {err}");
+    // Valid, but a mount root that does not exist is pointed out (and still OK).
+    let missing = s.join("not-made-yet");
+    let rootless = s.write("rootless.toml", &policy_text(&missing, ""));
+    let (st, out, err) = run_bin(&[OsString::from("check-policy"), rootless.into()]);
+    assert!(
+        st.success() && out.contains("OK"),
+        "check-policy rootless: {err}"
+    );
+    assert!(
+        err.contains("warning: mount_root") && err.contains("install -d -m 0755"),
+        "check-policy is silent about a missing mount root: {err}"
+    );
     let empty = s.write("empty.toml", "");
     let (st, out, _) = run_bin(&[OsString::from("check-policy"), empty.into()]);
     assert!(st.success());

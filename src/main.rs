@@ -357,6 +357,15 @@ fn check_policy(file: Option<PathBuf>) -> Result<(), String> {
     let policy = Policy::load(Some(&path)).map_err(|e| e.0)?;
     write_stdout(policy.to_string().as_bytes());
     outln!("# {}: OK", path.display());
+    // Valid as a file, but no mount can be made until the root exists (it may be a policy
+    // prepared ahead of it): said, not refused.
+    if !policy.mount_root.is_dir() {
+        eprintln!(
+            "warning: mount_root {} is not an existing directory: every mount will be refused until it is (create it: install -d -m 0755 {})",
+            policy.mount_root.display(),
+            policy.mount_root.display()
+        );
+    }
     Ok(())
 }
 

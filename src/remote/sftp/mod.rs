@@ -13,7 +13,7 @@
 //! [`RemoteError::Disconnected`] from then on; [`SftpRemote::state`] lets the owner notice and
 //! unmount. With `reconnect`, a background task reconnects with exponential backoff and bumps
 //! the connection *generation*. Path operations issued meanwhile wait for it (bounded by the
-//! policy's `give_up_after`); handles from an older generation fail with
+//! `ReconnectPolicy::give_up_after`); handles from an older generation fail with
 //! [`RemoteError::StaleHandle`] so the core can reopen them by path.
 
 mod channel;
