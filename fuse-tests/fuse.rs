@@ -3502,6 +3502,42 @@ fn an_ordinary_create_answered_early_opens_a_file_made_meanwhile() {
     assert_eq!(fs::read(m.e("d/f")).unwrap(), b"mine", "the server's copy");
 }
 
+/// Regression (was a bug): a directory moved while the mount was listing it (a lookup of a
+/// directory lists it ahead, in the background) was kept with an empty listing: sftp-server
+/// stats each entry by the path it opened, which the move took away, and leaves out what it
+/// cannot stat. `ls` showed it empty, `rm -rf` failed with ENOTEMPTY, for the listing TTL.
+/// (A black-box review's sequence; 5-8 rounds in 10 went wrong without the fix.)
+#[test]
+fn a_directory_moved_while_being_listed_shows_what_it_holds() {
+    let m = TestMount::start(&[]);
+    for round in 0..10 {
+        let r = m.p(format!("r{round}"));
+        fs::create_dir(&r).unwrap();
+        let p = |rel: &str| r.join(rel);
+        fs::create_dir(p("e")).unwrap();
+        fs::create_dir(p("e/f")).unwrap();
+        fs::rename(p("e"), p("a")).unwrap();
+        let held = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(p("e"))
+            .unwrap();
+        fs::create_dir(p("d")).unwrap();
+        fs::rename(p("e"), p("d/x")).unwrap();
+        fs::create_dir(p("e")).unwrap();
+        assert!(fs::remove_dir(p("a")).is_err(), "a holds f");
+        fs::rename(p("a"), p("b")).unwrap();
+        // The lookup of b that comes with it lists b in the background.
+        assert!(fs::hard_link(p("d/x"), p("b")).is_err(), "b exists");
+        fs::rename(p("b"), p("e/f")).unwrap();
+        let listed = names(&p("e/f"));
+        drop(held);
+        assert_eq!(listed, ["f"], "round {round}: the moved directory lists");
+    }
+}
+
 #[test]
 fn server_write_errors_reach_the_application() {
     let sshd = TestSshd::start();

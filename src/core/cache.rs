@@ -77,6 +77,10 @@ pub struct MetaCache {
     /// When writes of each inode were last answered by the server, on the same clock: an
     /// answer asked for before may predate them, although nothing is pending any more.
     landed: std::collections::HashMap<Ino, u64>,
+    /// Directory moves started or done through the mount, and those going on (see
+    /// [`MetaCache::dir_moves`]).
+    dirs_moved: u64,
+    dir_moves_in_flight: usize,
     /// Counts the name changes made through the mount (a subset of the clock's changes): a
     /// listing fetched ahead by path is kept only if none came while it was on its way.
     names_clock: u64,
@@ -132,6 +136,8 @@ impl MetaCache {
             clock: 0,
             changed: std::collections::HashMap::new(),
             landed: std::collections::HashMap::new(),
+            dirs_moved: 0,
+            dir_moves_in_flight: 0,
             names_clock: 0,
             names_changed_at: None,
             attrs: LruCache::new(cap(config.max_entries)),
@@ -278,6 +284,26 @@ impl MetaCache {
     /// The count of name changes made through the mount so far (see `put_dir_ahead`).
     pub fn names_now(&self) -> u64 {
         self.names_clock
+    }
+
+    /// A directory is being moved through the mount: a listing on its way, of it or of one
+    /// below it, may miss entries (see `Fs::list_dir`) until the move is done
+    /// ([`MetaCache::dir_move_done`]).
+    pub fn dir_move_started(&mut self) {
+        self.dirs_moved += 1;
+        self.dir_moves_in_flight += 1;
+    }
+
+    /// The move of [`MetaCache::dir_move_started`] is over (carried out and settled, or failed).
+    pub fn dir_move_done(&mut self) {
+        self.dirs_moved += 1;
+        self.dir_moves_in_flight -= 1;
+    }
+
+    /// Counts the starts and ends of directory moves, and whether one is going on: a listing
+    /// taken while the first stayed the same and the second was false cannot have crossed one.
+    pub fn dir_moves(&self) -> (u64, bool) {
+        (self.dirs_moved, self.dir_moves_in_flight > 0)
     }
 
     /// A write of `ino` was answered by the server (it changed the server's file, which the

@@ -481,6 +481,22 @@ fn data_lives_on(d: inode::Detached) -> bool {
     d.names_left > 0 || d.nlink_before.is_some_and(|n| n > 1)
 }
 
+/// A directory move going on (see `MetaCache::dir_move_started`), over when dropped.
+struct DirMove<'a>(&'a Mutex<MetaCache>);
+
+impl<'a> DirMove<'a> {
+    fn start(cache: &'a Mutex<MetaCache>) -> Self {
+        cache.lock().unwrap().dir_move_started();
+        DirMove(cache)
+    }
+}
+
+impl Drop for DirMove<'_> {
+    fn drop(&mut self) {
+        self.0.lock().unwrap().dir_move_done();
+    }
+}
+
 /// A server's listing without the names no listing may hold ("", ".", "..", names with a
 /// slash or NUL): logged and hidden.
 fn valid_listing(path: &Path, listing: Vec<DirEntry>) -> Vec<DirEntry> {
@@ -2597,6 +2613,14 @@ impl<R: Remote> Fs<R> {
         // From here until the inode table shows the outcome, no live file is opened by these
         // names (or names below them).
         let _change = self.names.start(&[&from, &to]);
+        // A directory about to move: listings on their way until it has moved and the inode
+        // table says so (the guard lives to the end of this call) may miss entries (see
+        // `list_dir`).
+        let moves_dir = {
+            let inodes = self.inodes.lock().unwrap();
+            source_ino.is_none_or(|i| inodes.kind(i).is_none_or(|k| k == FileKind::Dir))
+        };
+        let _moving = moves_dir.then(|| DirMove::start(&self.cache));
         if let Err(e) = self.remote.rename(&from, &to, mode).await {
             if e.is_connection_error() {
                 // Carried out or not, nobody can tell: neither file is opened by name again,
@@ -4351,13 +4375,34 @@ impl<R: Remote> Fs<R> {
         // not carried it out yet, nor names created early left out.
         self.removes_behind.dir_settled(ino).await;
         self.creates_behind.dir_settled(ino).await;
-        let since = self.cache.lock().unwrap().now();
-        let until = std::time::Instant::now() + self.cache_config().dir_ttl;
-        let listing = match self.remote.read_dir(path).await {
-            Ok(l) => valid_listing(path, l),
-            Err(e) => return Err(self.explain(Op::Readdir, e, path, None).await),
-        };
-        Ok((self.settle_listing(ino, listing, since, until), since))
+        // A directory moved through the mount while the listing was on its way (this one or
+        // one above it) may have been listed without its entries: sftp-server stats each entry
+        // by the path it opened, which is gone then, and leaves out those it cannot stat. So
+        // such a listing is taken again, by the new path, and not cached if that keeps
+        // happening.
+        let mut path = path.to_path_buf();
+        for attempt in 1.. {
+            let (since, moves) = {
+                let cache = self.cache.lock().unwrap();
+                (cache.now(), cache.dir_moves())
+            };
+            let until = std::time::Instant::now() + self.cache_config().dir_ttl;
+            let listing = match self.remote.read_dir(&path).await {
+                Ok(l) => valid_listing(&path, l),
+                Err(e) => return Err(self.explain(Op::Readdir, e, &path, None).await),
+            };
+            let now = self.cache.lock().unwrap().dir_moves();
+            let moved = moves.1 || now != moves;
+            if moved && attempt < 3 {
+                path = self.path_of(ino)?;
+                continue;
+            }
+            return Ok((
+                self.settle_listing(ino, listing, since, until, !moved),
+                since,
+            ));
+        }
+        unreachable!("the loop returns")
     }
 
     /// Take a listing of directory `ino` from the server, asked for when the change clock read
@@ -4368,6 +4413,7 @@ impl<R: Remote> Fs<R> {
         mut listing: Vec<DirEntry>,
         since: u64,
         until: std::time::Instant,
+        cacheable: bool,
     ) -> Arc<Vec<DirEntry>> {
         // Entries changed through the mount while the listing was on its way may show
         // attributes from before the change: mark those unknown (see listing_update). So may
@@ -4399,7 +4445,7 @@ impl<R: Remote> Fs<R> {
         // A name added or removed through the mount while the listing was on its way may be
         // missing from it, or still in it: answer this request with it, but do not cache it
         // (it would hide the mount's own change from readdir and lookups until it expires).
-        if !cache.changed_since(ino, since) {
+        if cacheable && !cache.changed_since(ino, since) {
             // Names it shows that were answered as absent: the kernel may keep them so (a
             // listing the mount takes for itself is not one the kernel reads).
             let shown = cache.put_dir_until(ino, listing.clone(), until);

@@ -418,7 +418,7 @@ impl<R: Remote> Fs<R> {
     fn settle_ahead(&self, dir: Ino, listed: ListedAhead) -> (Arc<Vec<DirEntry>>, u64) {
         let listing = Arc::unwrap_or_clone(listed.listing);
         (
-            self.settle_listing(dir, listing, listed.since, listed.until),
+            self.settle_listing(dir, listing, listed.since, listed.until, true),
             listed.since,
         )
     }
