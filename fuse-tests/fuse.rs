@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+use common::mapping::Mapping;
 use common::mount::{
     base_args, fstypes_at, is_awcp_mounted, is_mounted, mount_status, opt_path, os, pid_alive,
     poll_until, run_ok, run_with_deadline, standard_args, status_counter, try_run_with_deadline,
@@ -3606,22 +3607,9 @@ fn mmap_read_and_shared_write() {
 
     // Read-only mapping (git reads pack files this way).
     let f = File::open(m.p("map.bin")).unwrap();
-    // SAFETY: a fresh mapping of LEN bytes of an open file, unmapped below; the file is not
-    // truncated meanwhile.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
-        let view = std::slice::from_raw_parts(p as *const u8, LEN);
-        assert_same_bytes(view, &data, "read through mmap");
-        libc::munmap(p, LEN);
-    }
+    let map = Mapping::new(&f, 0, LEN, false);
+    assert_same_bytes(map.bytes(), &data, "read through mmap");
+    drop(map);
     drop(f);
 
     // Shared writable mapping, msync'ed: the changes reach the server.
@@ -3631,39 +3619,17 @@ fn mmap_read_and_shared_write() {
         .open(m.p("map.bin"))
         .unwrap();
     let mut want = data.clone();
-    // SAFETY: as above; writes stay inside the mapping.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(
-            p,
-            libc::MAP_FAILED,
-            "mmap rw: {}",
-            io::Error::last_os_error()
-        );
-        let view = std::slice::from_raw_parts_mut(p as *mut u8, LEN);
-        for (off, bytes) in [
-            (0usize, &b"MMAP"[..]),
-            (700_000, b"DIRTY PAGE"),
-            (LEN - 3, b"end"),
-        ] {
-            view[off..off + bytes.len()].copy_from_slice(bytes);
-            want[off..off + bytes.len()].copy_from_slice(bytes);
-        }
-        assert_eq!(
-            libc::msync(p, LEN, libc::MS_SYNC),
-            0,
-            "msync: {}",
-            io::Error::last_os_error()
-        );
-        libc::munmap(p, LEN);
+    let mut map = Mapping::new(&f, 0, LEN, true);
+    for (off, bytes) in [
+        (0usize, &b"MMAP"[..]),
+        (700_000, b"DIRTY PAGE"),
+        (LEN - 3, b"end"),
+    ] {
+        map.bytes_mut()[off..off + bytes.len()].copy_from_slice(bytes);
+        want[off..off + bytes.len()].copy_from_slice(bytes);
     }
+    map.sync().unwrap_or_else(|e| panic!("msync: {e}"));
+    drop(map);
     drop(f);
     assert_same_bytes(
         &fs::read(m.e("map.bin")).unwrap(),
@@ -4546,28 +4512,16 @@ fn fsx_run_with(m: &TestMount, seed: u64, ops: usize, drops: bool) {
                     "mmap {} fd{fd} {off}+{len} (size {size})",
                     if write { "write" } else { "read" }
                 ));
-                let raw = fds[fd].as_raw_fd();
-                unsafe {
-                    let p = libc::mmap(
-                        std::ptr::null_mut(),
-                        map_len,
-                        libc::PROT_READ | libc::PROT_WRITE,
-                        libc::MAP_SHARED,
-                        raw,
-                        start as libc::off_t,
-                    );
-                    assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
-                    let view = std::slice::from_raw_parts_mut(p as *mut u8, map_len);
-                    if write {
-                        view[off - start..].copy_from_slice(&fill[..len]);
-                        if rng.below(2) == 0 {
-                            assert_eq!(libc::msync(p, map_len, libc::MS_SYNC), 0);
-                        }
-                    } else {
-                        check(&log, &view[off - start..], off, &model);
+                let mut map = Mapping::new(&fds[fd], start, map_len, true);
+                if write {
+                    map.bytes_mut()[off - start..].copy_from_slice(&fill[..len]);
+                    if rng.below(2) == 0 {
+                        map.sync().unwrap_or_else(|e| panic!("msync: {e}"));
                     }
-                    libc::munmap(p, map_len);
+                } else {
+                    check(&log, &map.bytes()[off - start..], off, &model);
                 }
+                drop(map);
                 if write {
                     put(&mut model, off, &fill[..len]);
                 }

@@ -37,6 +37,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant, SystemTime};
 
+use common::mapping::Mapping;
 use common::mount::{
     fstypes_at, is_awcp_mounted, is_mounted, mount_options_at, mount_points_under, mount_status,
     opt_path, pid_alive, pids_with_cmdline, poll_until, run_with_deadline, standard_args,
@@ -1674,37 +1675,25 @@ fn lease_expiry_writes_back_pages_dirtied_through_mmap_first() {
         .open(m.p("map.bin"))
         .unwrap();
     let mut want = vec![0u8; LEN];
-    // SAFETY: a fresh shared mapping of LEN bytes of a file that long; every write stays
-    // inside it, and it is unmapped before the file is dropped.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            LEN,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED, "mmap: {}", io::Error::last_os_error());
-        let view = std::slice::from_raw_parts_mut(p as *mut u8, LEN);
-        for (off, bytes) in [(0usize, &b"DIRTY"[..]), (2 * 4096 + 100, b"PAGES")] {
-            view[off..off + bytes.len()].copy_from_slice(bytes);
-            want[off..off + bytes.len()].copy_from_slice(bytes);
-        }
-        assert!(
-            poll_until(Duration::from_secs(60), || mount_status(&m.mnt)["access"]
-                == "ro"),
-            "the lease did not end"
-        );
-        let msync = libc::msync(p, LEN, libc::MS_SYNC);
-        let msync_err = io::Error::last_os_error();
-        libc::munmap(p, LEN);
-        assert_same(
-            &fs::read(m.e("map.bin")).unwrap(),
-            &want,
-            "server copy after the lease's end",
-        );
-        assert_eq!(msync, 0, "msync after the lease's end: {msync_err}");
+    let mut map = Mapping::new(&f, 0, LEN, true);
+    for (off, bytes) in [(0usize, &b"DIRTY"[..]), (2 * 4096 + 100, b"PAGES")] {
+        map.bytes_mut()[off..off + bytes.len()].copy_from_slice(bytes);
+        want[off..off + bytes.len()].copy_from_slice(bytes);
+    }
+    assert!(
+        poll_until(Duration::from_secs(60), || mount_status(&m.mnt)["access"]
+            == "ro"),
+        "the lease did not end"
+    );
+    let msync = map.sync();
+    drop(map);
+    assert_same(
+        &fs::read(m.e("map.bin")).unwrap(),
+        &want,
+        "server copy after the lease's end",
+    );
+    if let Err(e) = msync {
+        panic!("msync after the lease's end: {e}");
     }
     assert_errno(
         raw_write(&f, b"late"),
