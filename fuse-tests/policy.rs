@@ -2550,6 +2550,84 @@ fn follow_symlinks_with_contain_follows_only_contained_links() {
     assert_errno(fs::read(m.p("esc_chain")), libc::EPERM, "read esc_chain");
 }
 
+/// Someone on the server (a hostile server, or the lender's own processes) swaps a
+/// directory an agent holds (its cwd, an open dirfd) for a symlink leading outside the
+/// export. SFTP names files by path and the server follows the link, so without a check every
+/// create, read or rename under that directory would land outside; the kernel revalidates
+/// the name only when a path walks through it. Expected: `EACCES` once the directory's last
+/// check is past the attribute TTL (0 here), and nothing made, read or moved outside.
+#[test]
+fn a_held_directory_swapped_for_a_symlink_outside_leads_nowhere() {
+    let sshd = TestSshd::start();
+    let e = &sshd.export_dir;
+    let outside = sshd.dir.path().join("outside-dir");
+    fs::create_dir(&outside).unwrap();
+    fs::write(outside.join("secret"), b"the lender's\n").unwrap();
+    fs::create_dir(e.join("work")).unwrap();
+    let m = mount_policy(&sshd, "", &[NO_CACHE]);
+    let dir = File::open(m.p("work")).unwrap();
+    let at = |name: &str| CString::new(name).unwrap();
+    let openat = |name: &str, flags: i32| {
+        // SAFETY: a valid directory descriptor and NUL-terminated name.
+        let fd = unsafe {
+            libc::openat(
+                dir.as_raw_fd(),
+                at(name).as_ptr(),
+                flags | libc::O_CLOEXEC,
+                0o644,
+            )
+        };
+        // SAFETY: a descriptor just returned to us, owned by the File from here on.
+        count(fd as isize).map(|fd| unsafe { File::from_raw_fd(fd as i32) })
+    };
+    drop(openat("before", libc::O_WRONLY | libc::O_CREAT).unwrap());
+    assert!(
+        e.join("work/before").is_file(),
+        "the create before the swap"
+    );
+
+    fs::rename(e.join("work"), e.join("work.old")).unwrap();
+    symlink(&outside, e.join("work")).unwrap();
+    assert_errno(
+        openat("planted", libc::O_WRONLY | libc::O_CREAT),
+        libc::EACCES,
+        "create through the swapped directory",
+    );
+    assert_errno(
+        openat("secret", libc::O_RDONLY),
+        libc::EACCES,
+        "read through it",
+    );
+    // SAFETY (each): a valid directory descriptor and NUL-terminated names.
+    let mkdir = unsafe { libc::mkdirat(dir.as_raw_fd(), at("pdir").as_ptr(), 0o755) };
+    assert_errno(count(mkdir as isize), libc::EACCES, "mkdirat");
+    let unlink = unsafe { libc::unlinkat(dir.as_raw_fd(), at("secret").as_ptr(), 0) };
+    assert_errno(count(unlink as isize), libc::EACCES, "unlinkat");
+    let stolen = CString::new(m.p("stolen").as_os_str().as_bytes()).unwrap();
+    let rename = unsafe {
+        libc::renameat(
+            dir.as_raw_fd(),
+            at("secret").as_ptr(),
+            libc::AT_FDCWD,
+            stolen.as_ptr(),
+        )
+    };
+    assert_errno(count(rename as isize), libc::EACCES, "renameat out of it");
+    let mut names: Vec<_> = fs::read_dir(&outside)
+        .unwrap()
+        .map(|d| d.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["secret"], "nothing made or moved outside");
+    assert_eq!(fs::read(outside.join("secret")).unwrap(), b"the lender's\n");
+    // Walked into by name, it is the link it now is, and containment refuses to follow it.
+    assert_errno(
+        fs::read(m.p("work/secret")),
+        libc::EPERM,
+        "a path through the link",
+    );
+}
+
 #[test]
 fn awcp_export_resource_links() {
     let sshd = TestSshd::start();

@@ -16,6 +16,7 @@ pub mod kernel_caches;
 mod names;
 pub mod prefetch;
 mod remove_behind;
+mod resolved_dirs;
 mod specials;
 mod walk_ahead;
 mod write_back;
@@ -326,6 +327,8 @@ pub struct Fs<R: Remote> {
     /// resource links of an AWCP export. Name -> the target's real path on the server, the
     /// containment root for everything below it.
     resource_links: Mutex<HashMap<OsString, PathBuf>>,
+    /// Directories the server resolved inside the workspace lately (see `resolved_dirs`).
+    resolved_dirs: resolved_dirs::ResolvedDirs,
     /// Whether the export is an AWCP export (`.awcp/manifest.json` at its root) and, if its
     /// manifest names them, which top-level names are resources. Read once.
     awcp_export: tokio::sync::OnceCell<Option<Vec<OsString>>>,
@@ -543,6 +546,7 @@ impl<R: Remote> Fs<R> {
             next_fh: AtomicU64::new(1),
             enforcer,
             resource_links: Mutex::new(HashMap::new()),
+            resolved_dirs: resolved_dirs::ResolvedDirs::default(),
             awcp_export: tokio::sync::OnceCell::new(),
             lookup_misses: Mutex::new(lru::LruCache::new(
                 std::num::NonZeroUsize::new(1024).expect("non-zero"),
@@ -1076,6 +1080,72 @@ impl<R: Remote> Fs<R> {
         }
     }
 
+    /// Whether the server still resolves directory `dir` (an inode the kernel holds as one:
+    /// a process's cwd or dirfd may keep it past every TTL) to inside the workspace, before
+    /// paths under it are sent: someone on the server may have swapped it, or a directory
+    /// above it, for a symlink leading outside (see `resolved_dirs`). Asked at most once per
+    /// attribute TTL per directory; not under `symlinks = "allow"`.
+    async fn dir_inside(&self, dir: Ino) -> FsResult<()> {
+        match self.path_of(dir) {
+            Ok(path) => self.resolves_inside(&path).await,
+            // Removed: nothing is sent by its path.
+            Err(_) => Ok(()),
+        }
+    }
+
+    /// [`Fs::dir_inside`] for the directory holding `ino` (the root for the root), which
+    /// the server walks through when it is asked about `ino` by path.
+    async fn parent_inside(&self, ino: Ino) -> FsResult<()> {
+        let Ok(path) = self.path_of(ino) else {
+            return Ok(());
+        };
+        match path.parent() {
+            Some(parent) if path != self.root => self.resolves_inside(parent).await,
+            _ => self.resolves_inside(&path).await,
+        }
+    }
+
+    async fn resolves_inside(&self, dir: &Path) -> FsResult<()> {
+        if self.enforcer.symlinks() == SymlinkMode::Allow {
+            return Ok(());
+        }
+        let ttl = self.cache_config().attr_ttl;
+        if self.resolved_dirs.fresh(dir, ttl) {
+            return Ok(());
+        }
+        let asked = Instant::now();
+        match self.remote.realpath(dir).await {
+            Ok(real) => {
+                let (root, _) = self.containment_root(dir);
+                if real.starts_with(&root) {
+                    self.resolved_dirs.resolved(dir, asked);
+                    return Ok(());
+                }
+                tracing::warn!(
+                    dir = %dir.display(),
+                    resolves_to = %real.display(),
+                    "a directory now resolves outside the workspace on the server; refused"
+                );
+                Err(FsError::new(
+                    libc::EACCES,
+                    format!(
+                        "{}: the server now resolves this directory to {}, outside the \
+                         workspace (replaced by a symlink?); refused by the symlink policy",
+                        dir.display(),
+                        real.display()
+                    ),
+                ))
+            }
+            // Nothing there, so nothing outside either: the operation finds it missing.
+            Err(RemoteError::Status(Status::NoSuchFile, _)) => Ok(()),
+            Err(e) => Err(remote_err(
+                Op::Lookup,
+                &e,
+                format!("realpath {}", dir.display()),
+            )),
+        }
+    }
+
     /// Apply the symlink mode to a link at `path` with `target`.
     fn check_symlink(&self, path: &Path, target: &Path) -> FsResult<()> {
         match self.enforcer.symlinks() {
@@ -1358,6 +1428,9 @@ impl<R: Remote> Fs<R> {
             .lookup(parent, name, attrs.file_type());
         if attrs.file_type() == FileKind::Dir {
             self.adopt_listing_ahead(ino);
+            if let Ok(dir) = self.path_of(parent) {
+                self.resolved_dirs.inherit(&dir, &dir.join(name));
+            }
         }
         let (attrs, changed, landed) = {
             let mut cache = self.cache.lock().unwrap();
@@ -1397,7 +1470,11 @@ impl<R: Remote> Fs<R> {
     /// readdirplus entry is): a path walk (`git status` stats every file of its index, in path
     /// order) then finds the next level's listing on its way instead of asking name by name.
     pub async fn lookup(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<Entry> {
-        let entry = self.lookup_name(parent, name).await?;
+        // (Together: the check costs no round trip of its own; an answer from outside is
+        // dropped.)
+        let (inside, entry) = tokio::join!(self.dir_inside(parent), self.lookup_name(parent, name));
+        inside?;
+        let entry = entry?;
         if entry.attr.kind == FileKind::Dir {
             self.prefetch_dir(entry.attr.ino);
         }
@@ -1719,6 +1796,7 @@ impl<R: Remote> Fs<R> {
         req: SetattrRequest,
     ) -> FsResult<Attr> {
         let truncate = req.size.is_some();
+        self.parent_inside(ino).await?;
         let attr = self.set_attributes(ino, fh, req).await?;
         // Not for a truncate: the kernel holds off writeback of the file until it is
         // answered, and a notification queued for this very file (by a change through
@@ -2228,6 +2306,7 @@ impl<R: Remote> Fs<R> {
         caller: Caller,
     ) -> FsResult<Entry> {
         self.check_writable("mkdir")?;
+        self.dir_inside(parent).await?;
         // A name it creates or a path it moves may be one an unlink answered early is
         // still removing (see remove_behind): so may a name any operation below creates or a
         // path it moves.
@@ -2263,6 +2342,7 @@ impl<R: Remote> Fs<R> {
         caller: Caller,
     ) -> FsResult<Entry> {
         self.check_writable("symlink")?;
+        self.dir_inside(parent).await?;
         self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
         if target.as_os_str().is_empty() {
@@ -2281,6 +2361,7 @@ impl<R: Remote> Fs<R> {
 
     pub async fn unlink(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("unlink")?;
+        self.dir_inside(parent).await?;
         if self.unlink_special(parent, name).await? {
             return Ok(());
         }
@@ -2413,6 +2494,7 @@ impl<R: Remote> Fs<R> {
 
     pub async fn rmdir(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
         self.check_writable("rmdir")?;
+        self.dir_inside(parent).await?;
         let path = self.child_path(parent, name)?;
         self.rmdir_special_check(&path)?;
         // A create in it answered early is carried out first (the RMDIR must find it there).
@@ -2525,6 +2607,10 @@ impl<R: Remote> Fs<R> {
                 libc::EINVAL,
                 format!("unsupported rename flags {flags:#x}"),
             ));
+        }
+        self.dir_inside(parent).await?;
+        if new_parent != parent {
+            self.dir_inside(new_parent).await?;
         }
         match self
             .rename_special((parent, name), (new_parent, new_name), flags)
@@ -2714,6 +2800,8 @@ impl<R: Remote> Fs<R> {
     /// for both.
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
         self.check_writable("link")?;
+        self.parent_inside(ino).await?;
+        self.dir_inside(new_parent).await?;
         self.names_settled().await;
         if let Some(done) = self.link_special(ino, new_parent, new_name).await {
             return done;
@@ -2797,6 +2885,7 @@ impl<R: Remote> Fs<R> {
         ino: Ino,
         req: OpenRequest,
     ) -> FsResult<(u64, bool)> {
+        self.parent_inside(ino).await?;
         // Opened by name: not before a create of it answered early is carried out.
         self.create_landed(ino).await;
         let before = (Instant::now(), self.cache.lock().unwrap().now());
@@ -2869,6 +2958,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn open(self: &Arc<Self>, ino: Ino, req: OpenRequest) -> FsResult<u64> {
+        self.parent_inside(ino).await?;
         // Opened by name: not before a create of it answered early is carried out.
         self.create_landed(ino).await;
         self.open_reading_along(ino, req, true).await
@@ -3124,6 +3214,7 @@ impl<R: Remote> Fs<R> {
         may_be_early: bool,
     ) -> FsResult<(Entry, u64)> {
         self.check_writable("create")?;
+        self.dir_inside(parent).await?;
         self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
         let perm = mode & !umask & 0o7777;
@@ -3446,6 +3537,7 @@ impl<R: Remote> Fs<R> {
         caller: Caller,
     ) -> FsResult<Entry> {
         self.check_writable("mknod")?;
+        self.dir_inside(parent).await?;
         self.removes_behind.all_settled().await;
         let perm = (mode & !umask & 0o7777) as u16;
         if let Some(node) = Node::of_mode(mode, rdev) {
@@ -4328,6 +4420,7 @@ impl<R: Remote> Fs<R> {
     /// mount's own changes keep up to date. A listing another request is fetching (a prefetch,
     /// lookups) is waited for rather than asked for again.
     pub async fn opendir(self: &Arc<Self>, ino: Ino) -> FsResult<u64> {
+        self.dir_inside(ino).await?;
         // Creates in it answered early: listed with the server's attributes, once they are in.
         self.creates_behind.dir_settled(ino).await;
         let path = self.path_of(ino)?;

@@ -3496,6 +3496,100 @@ async fn follow_symlinks_shows_targets() {
     }
 }
 
+/// A directory the kernel holds (a process's cwd, an open dirfd) keeps its server path; if
+/// someone on the server swaps it for a symlink leading outside the export, every path sent
+/// under it would land outside. Once its last check is past the attribute TTL (zero here),
+/// the server is asked where it resolves first, and nothing is sent through it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_directory_swapped_for_a_link_outside_is_refused() {
+    let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
+        &crate::policy::Policy::default(),
+    ));
+    let h = Harness::with(
+        FsConfig {
+            enforcer: contain,
+            ..config(CacheConfig {
+                attr_ttl: Duration::ZERO,
+                ..long_ttls()
+            })
+        },
+        None,
+    );
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"outside").unwrap();
+    std::fs::create_dir(outside.path().join("sub")).unwrap();
+    std::fs::create_dir_all(h.disk("d/sub")).unwrap();
+    std::fs::write(h.disk("d/mine"), b"inside").unwrap();
+    let d = h.lookup(ROOT, "d").await;
+    let sub = h.lookup(d, "sub").await;
+    let mine = h.lookup(d, "mine").await;
+    // Before the swap, each of these works.
+    let fh = h.fs.open(mine, as_root(libc::O_RDONLY)).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+    let dh = h.fs.opendir(sub).await.unwrap();
+    h.fs.releasedir(dh);
+
+    std::fs::rename(h.disk("d"), h.disk("d.old")).unwrap();
+    std::os::unix::fs::symlink(outside.path(), h.disk("d")).unwrap();
+    let creat = as_root(libc::O_WRONLY | libc::O_CREAT);
+    assert_errno(h.fs.lookup(d, os("secret")).await, libc::EACCES, "lookup");
+    assert_errno(
+        h.fs.create(d, os("planted"), FILE_MODE, UMASK, creat).await,
+        libc::EACCES,
+        "create",
+    );
+    assert_errno(
+        h.fs.mkdir(d, os("pdir"), DIR_MODE, UMASK, Caller::ROOT)
+            .await,
+        libc::EACCES,
+        "mkdir",
+    );
+    assert_errno(
+        h.fs.symlink(d, os("plink"), Path::new("x"), Caller::ROOT)
+            .await,
+        libc::EACCES,
+        "symlink",
+    );
+    assert_errno(h.fs.unlink(d, os("secret")).await, libc::EACCES, "unlink");
+    assert_errno(
+        h.fs.rename(d, os("secret"), ROOT, os("stolen"), 0).await,
+        libc::EACCES,
+        "rename out",
+    );
+    assert_errno(
+        h.fs.open(mine, as_root(libc::O_RDONLY)).await,
+        libc::EACCES,
+        "open",
+    );
+    let truncate = SetattrRequest {
+        size: Some(0),
+        ..Default::default()
+    };
+    assert_errno(
+        h.fs.setattr(mine, None, truncate).await,
+        libc::EACCES,
+        "truncate",
+    );
+    assert_errno(h.fs.opendir(d).await, libc::EACCES, "opendir");
+    // A directory below it resolves outside as well (when there is one of its name there).
+    assert_errno(h.fs.opendir(sub).await, libc::EACCES, "opendir below");
+    let mut names: Vec<_> = std::fs::read_dir(outside.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["secret", "sub"], "nothing made or moved outside");
+    assert_eq!(
+        std::fs::read(outside.path().join("secret")).unwrap(),
+        b"outside"
+    );
+    // Swapped back, the same inodes work again.
+    std::fs::remove_file(h.disk("d")).unwrap();
+    std::fs::rename(h.disk("d.old"), h.disk("d")).unwrap();
+    let fh = h.fs.open(mine, as_root(libc::O_RDONLY)).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idmap_maps_both_ways() {
     let probe = tempfile::tempdir().unwrap();
