@@ -77,6 +77,11 @@ pub struct MetaCache {
     /// When writes of each inode were last answered by the server, on the same clock: an
     /// answer asked for before may predate them, although nothing is pending any more.
     landed: std::collections::HashMap<Ino, u64>,
+    /// Unlinks answered early of a name of each inode: how many are on their way, and when
+    /// the last one was carried out by the server, on the change clock. A listing the server
+    /// answers meanwhile still counts the name in the file's link count.
+    unlinks_pending: std::collections::HashMap<Ino, usize>,
+    unlinked: std::collections::HashMap<Ino, u64>,
     /// Directory moves started or done through the mount, and those going on (see
     /// [`MetaCache::dir_moves`]).
     dirs_moved: u64,
@@ -136,6 +141,8 @@ impl MetaCache {
             clock: 0,
             changed: std::collections::HashMap::new(),
             landed: std::collections::HashMap::new(),
+            unlinks_pending: std::collections::HashMap::new(),
+            unlinked: std::collections::HashMap::new(),
             dirs_moved: 0,
             dir_moves_in_flight: 0,
             names_clock: 0,
@@ -313,6 +320,31 @@ impl MetaCache {
         self.landed.insert(ino, self.clock);
     }
 
+    /// An unlink of a name of `ino` was answered early, its REMOVE is on its way.
+    pub fn unlink_started(&mut self, ino: Ino) {
+        *self.unlinks_pending.entry(ino).or_default() += 1;
+    }
+
+    /// The REMOVE of [`MetaCache::unlink_started`] was answered (carried out or refused).
+    pub fn unlink_landed(&mut self, ino: Ino) {
+        if let Some(n) = self.unlinks_pending.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                self.unlinks_pending.remove(&ino);
+            }
+        }
+        self.clock += 1;
+        self.unlinked.insert(ino, self.clock);
+    }
+
+    /// Whether a link count the server gave for `ino`, asked for when the clock read `since`,
+    /// may still count a name the mount has unlinked: a REMOVE of one is on its way, or
+    /// landed after `since`.
+    pub fn link_count_suspect(&self, ino: Ino, since: u64) -> bool {
+        self.unlinks_pending.contains_key(&ino)
+            || self.unlinked.get(&ino).is_some_and(|&t| t > since)
+    }
+
     /// Whether a write of `ino` was answered after the clock read `since`.
     pub fn landed_since(&self, ino: Ino, since: u64) -> bool {
         self.landed.get(&ino).is_some_and(|&t| t > since)
@@ -328,6 +360,7 @@ impl MetaCache {
         self.forget_attrs(ino);
         self.changed.remove(&ino);
         self.landed.remove(&ino);
+        self.unlinked.remove(&ino);
     }
 
     pub fn forget_attrs(&mut self, ino: Ino) {
@@ -613,6 +646,44 @@ impl MetaCache {
                 if attrs.is_some() && multiply_linked(e) {
                     self.shared_dirs.insert(parent);
                 }
+            }
+        }
+    }
+
+    /// The link count of the file named `name` in `parent` changed through the mount (a link
+    /// or unlink of another of its names): a cached listing shows `known`, the inode table's
+    /// count (none if unknown), never the one from before, which a lookup answered from the
+    /// listing would take over.
+    pub fn listing_nlink(&mut self, parent: Ino, name: &OsStr, known: Option<u32>) {
+        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
+            if listing.iter().any(|e| e.name == name && e.nlink != known) {
+                let listing = Arc::make_mut(listing);
+                if let Some(e) = listing.iter_mut().find(|e| e.name == name) {
+                    e.nlink = known;
+                }
+            }
+        }
+    }
+
+    /// A subdirectory of directory `name` of `parent` came (`delta` 1) or went (-1) through
+    /// the mount: a cached listing of `parent` shows the link count `known` (the inode
+    /// table's), else its own count moved by `delta`, never one from before (a lookup
+    /// answered from the listing would take it over).
+    pub fn listing_subdirs_changed(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        known: Option<u32>,
+        delta: i32,
+    ) {
+        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
+            let listing = Arc::make_mut(listing);
+            if let Some(e) = listing.iter_mut().find(|e| e.name == name) {
+                e.nlink = match (known, e.nlink) {
+                    (Some(n), _) => Some(n),
+                    (None, Some(n)) if n >= 2 => Some(super::inode::subdir_count(n, delta)),
+                    (None, listed) => listed,
+                };
             }
         }
     }

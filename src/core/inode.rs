@@ -135,6 +135,12 @@ impl Default for InodeTable {
     }
 }
 
+/// A directory's link count `n` (at least 2) after `delta` subdirectories came or went: never
+/// below 2, its own `.` and its name.
+pub fn subdir_count(n: u32, delta: i32) -> u32 {
+    n.saturating_add_signed(delta).max(2)
+}
+
 impl InodeTable {
     pub fn new() -> Self {
         let mut nodes = HashMap::new();
@@ -296,6 +302,12 @@ impl InodeTable {
         )
     }
 
+    /// The link count the table knows of `ino` (from a listing, or kept by links and unlinks
+    /// through the mount), without the fallbacks of [`InodeTable::nlink`].
+    pub fn known_nlink(&self, ino: Ino) -> Option<u32> {
+        self.nodes.get(&ino)?.nlink
+    }
+
     /// The server told us the link count of `ino` (a listing's long name).
     pub fn set_nlink(&mut self, ino: Ino, nlink: u32) {
         if let Some(node) = self.nodes.get_mut(&ino) {
@@ -307,13 +319,13 @@ impl InodeTable {
     /// link count, if known, follows (each subdirectory's `..` is a link to it, as on a local
     /// disk). Never below 2, its own `.` and its name. A count of 1 is left alone: that is
     /// what a server filesystem that does not count subdirectories (btrfs) shows for every
-    /// directory.
-    pub fn subdirs_changed(&mut self, ino: Ino, delta: i32) {
-        if let Some(n) = self.nodes.get_mut(&ino).and_then(|n| n.nlink.as_mut()) {
-            if *n >= 2 {
-                *n = n.saturating_add_signed(delta).max(2);
-            }
+    /// directory. Returns the count now known, if any.
+    pub fn subdirs_changed(&mut self, ino: Ino, delta: i32) -> Option<u32> {
+        let n = self.nodes.get_mut(&ino).and_then(|n| n.nlink.as_mut())?;
+        if *n >= 2 {
+            *n = subdir_count(*n, delta);
         }
+        Some(*n)
     }
 
     /// Whether `ino` has links the mount does not know by name (made on the server): its

@@ -484,6 +484,25 @@ fn data_lives_on(d: inode::Detached) -> bool {
     d.names_left > 0 || d.nlink_before.is_some_and(|n| n > 1)
 }
 
+/// A directory's link count changed by a subdirectory made, removed or moved through the
+/// mount, for the listings that show it (`Fs::listings_follow_subdirs`).
+struct SubdirsChanged {
+    /// Where the directory is listed: its parent and name.
+    names: Vec<(Ino, OsString)>,
+    /// Its count in the inode table, if known.
+    known: Option<u32>,
+    delta: i32,
+}
+
+/// [`InodeTable::subdirs_changed`], noting what the listings showing `dir` must take over.
+fn subdirs_changed_in(inodes: &mut InodeTable, dir: Ino, delta: i32) -> SubdirsChanged {
+    SubdirsChanged {
+        known: inodes.subdirs_changed(dir, delta),
+        names: inodes.names_of(dir),
+        delta,
+    }
+}
+
 /// A directory move going on (see `MetaCache::dir_move_started`), over when dropped.
 struct DirMove<'a>(&'a Mutex<MetaCache>);
 
@@ -1387,6 +1406,37 @@ impl<R: Remote> Fs<R> {
             .status_changed(ino, SystemTime::now());
     }
 
+    /// A subdirectory of `dir` came (`+1`) or went (`-1`) through the mount: its link count
+    /// follows, in the inode table and in the cached listing that shows `dir` (a lookup
+    /// answered from that listing would otherwise take the count from before the change).
+    fn subdirs_changed(&self, dir: Ino, delta: i32) {
+        let change = subdirs_changed_in(&mut self.inodes.lock().unwrap(), dir, delta);
+        self.listings_follow_subdirs(&[change]);
+    }
+
+    /// The link count of file `ino` changed through the mount (a name of it linked, unlinked
+    /// or renamed over): the cached listings showing its other names take the table's count.
+    fn link_count_changed(&self, ino: Ino) {
+        let (known, names) = {
+            let inodes = self.inodes.lock().unwrap();
+            (inodes.known_nlink(ino), inodes.names_of(ino))
+        };
+        let mut cache = self.cache.lock().unwrap();
+        for (parent, name) in names {
+            cache.listing_nlink(parent, &name, known);
+        }
+    }
+
+    /// The cached listings that show the directories of `changes` take their new counts.
+    fn listings_follow_subdirs(&self, changes: &[SubdirsChanged]) {
+        let mut cache = self.cache.lock().unwrap();
+        for c in changes {
+            for (parent, name) in &c.names {
+                cache.listing_subdirs_changed(*parent, name, c.known, c.delta);
+            }
+        }
+    }
+
     /// The mount changed the data of `ino` (written, truncated, copied into): see
     /// [`InodeTable::data_changed`].
     fn data_changed(&self, ino: Ino) {
@@ -1418,7 +1468,7 @@ impl<R: Remote> Fs<R> {
         parent: Ino,
         name: &OsStr,
         attrs: Attrs,
-        nlink: Option<u32>,
+        mut nlink: Option<u32>,
         since: u64,
     ) -> Attr {
         let ino = self
@@ -1435,6 +1485,10 @@ impl<R: Remote> Fs<R> {
         let (attrs, changed, landed) = {
             let mut cache = self.cache.lock().unwrap();
             let landed = cache.landed_since(ino, since);
+            // (A count that may include a name being unlinked counts as changed here.)
+            if nlink.is_some() && cache.link_count_suspect(ino, since) {
+                nlink = None;
+            }
             if cache.changed_since(ino, since) {
                 (
                     cache.get_attrs(ino).map(|c| c.attrs).unwrap_or(attrs),
@@ -2256,18 +2310,6 @@ impl<R: Remote> Fs<R> {
                 }
             }
         }
-        // The caches show the new entry at once; a new directory is known to be empty.
-        {
-            let mut cache = self.cache.lock().unwrap();
-            cache.name_added(
-                parent,
-                DirEntry {
-                    name: name.to_os_string(),
-                    attrs,
-                    nlink: None,
-                },
-            );
-        }
         // Only mkdir makes a directory here (link(2) of one is refused by the kernel). A
         // file made here (`perm` is given only for a new object) has one link: a change of
         // it cannot show through another name (see `shared_data_changed`).
@@ -2279,10 +2321,24 @@ impl<R: Remote> Fs<R> {
         } else {
             None
         };
+        // The caches show the new entry at once, with its link count (the inode table's goes
+        // when the kernel forgets the inode; a lookup answered from the listing then finds it
+        // again); a new directory is known to be empty.
+        {
+            let mut cache = self.cache.lock().unwrap();
+            cache.name_added(
+                parent,
+                DirEntry {
+                    name: name.to_os_string(),
+                    attrs,
+                    nlink,
+                },
+            );
+        }
         if is_dir {
             // A new directory has two links, its `.` and its name; its `..` is one more link
             // to the parent.
-            self.inodes.lock().unwrap().subdirs_changed(parent, 1);
+            self.subdirs_changed(parent, 1);
         }
         let entry = self.entry(self.remember(parent, name, attrs, nlink, since));
         if is_dir {
@@ -2438,6 +2494,9 @@ impl<R: Remote> Fs<R> {
         if !self.removes_behind.begin(parent, name) {
             return false;
         }
+        // A listing answered before the REMOVE lands still counts the name in the file's link
+        // count (one of another directory does not wait for it): not taken over until then.
+        self.cache.lock().unwrap().unlink_started(ino);
         // The quota gives back now (a write that the removal makes room for must not fail),
         // and charges again if the server refuses.
         let lives_on = self.removed(parent, name).is_some_and(data_lives_on);
@@ -2451,6 +2510,7 @@ impl<R: Remote> Fs<R> {
         self.rt.spawn(
             async move {
                 let failure = fs.remove_behind(&path).await;
+                fs.cache.lock().unwrap().unlink_landed(ino);
                 if let Some(e) = &failure {
                     tracing::warn!(
                         "the server refused an unlink answered early; the name is back: {e}"
@@ -2522,7 +2582,7 @@ impl<R: Remote> Fs<R> {
         }
         self.enforcer.quota.release_entry(None, 0);
         self.removed(parent, name);
-        self.inodes.lock().unwrap().subdirs_changed(parent, -1);
+        self.subdirs_changed(parent, -1);
         Ok(())
     }
 
@@ -2582,6 +2642,7 @@ impl<R: Remote> Fs<R> {
         self.cache.lock().unwrap().name_removed(parent, name);
         if let Some(d) = gone {
             self.attrs_changed(d.ino, None);
+            self.link_count_changed(d.ino);
             self.cache.lock().unwrap().forget_attrs(d.ino);
         }
         gone
@@ -2759,17 +2820,21 @@ impl<R: Remote> Fs<R> {
             let is_dir = |ino: Option<Ino>| ino.and_then(|i| inodes.kind(i)) == Some(FileKind::Dir);
             let moved_dir = is_dir(inodes.child(parent, name));
             let replaced_dir = is_dir(inodes.child(new_parent, new_name));
+            let mut counts = Vec::new();
             if moved_dir {
-                inodes.subdirs_changed(parent, -1);
-                inodes.subdirs_changed(new_parent, 1);
+                counts.push(subdirs_changed_in(&mut inodes, parent, -1));
+                counts.push(subdirs_changed_in(&mut inodes, new_parent, 1));
             }
             if replaced_dir {
-                inodes.subdirs_changed(new_parent, -1);
+                counts.push(subdirs_changed_in(&mut inodes, new_parent, -1));
             }
             // A directory takes the special files in it along, in the same step (a lookup
             // below it finds them under the new path as soon as it can build that path).
             self.specials.lock().unwrap().move_dir(&from, &to);
-            inodes.rename(parent, name, new_parent, new_name)
+            let replaced_node = inodes.rename(parent, name, new_parent, new_name);
+            drop(inodes);
+            self.listings_follow_subdirs(&counts);
+            replaced_node
         };
         if let Some((target_ino, size)) = replaced {
             self.enforcer.quota.name_removed(
@@ -2781,6 +2846,7 @@ impl<R: Remote> Fs<R> {
         if let Some(d) = replaced_node {
             // Its other names (if any) show one link less.
             self.attrs_changed(d.ino, None);
+            self.link_count_changed(d.ino);
         }
         let mut cache = self.cache.lock().unwrap();
         cache.name_removed(new_parent, new_name);
@@ -2849,6 +2915,7 @@ impl<R: Remote> Fs<R> {
         // The link count and the ctime changed: every name of it shows that.
         self.status_changed(ino);
         self.attrs_changed(ino, None);
+        self.link_count_changed(ino);
         // With `follow_symlinks` a symlink is shown as what it points to, and the server
         // linked the symlink itself: the new name is asked the way the inode is shown.
         let kind = self.inodes.lock().unwrap().kind(ino);
@@ -4526,12 +4593,19 @@ impl<R: Remote> Fs<R> {
         let inodes = self.inodes.lock().unwrap();
         let mut cache = self.cache.lock().unwrap();
         for e in listing.iter_mut() {
-            if inodes.child(ino, &e.name).is_some_and(|child| {
-                cache.changed_since(child, since)
-                    || cache.landed_since(child, since)
-                    || writing.contains(&child)
-            }) {
+            let Some(child) = inodes.child(ino, &e.name) else {
+                continue;
+            };
+            if cache.changed_since(child, since)
+                || cache.landed_since(child, since)
+                || writing.contains(&child)
+            {
                 e.attrs.size = None;
+            }
+            // A name of it unlinked early may still be counted (see `remember`): the table's
+            // count stands.
+            if cache.link_count_suspect(child, since) {
+                e.nlink = inodes.known_nlink(child);
             }
         }
         let listing = Arc::new(listing);
