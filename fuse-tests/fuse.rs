@@ -5151,11 +5151,18 @@ fn name_state(path: &Path) -> String {
 /// directories, mkdir, rmdir, descriptors held open across them) done the same on the mount
 /// and on a local directory: each operation must succeed or fail alike, and afterwards every
 /// name must show the same type, size and link count (`st_nlink` is emulated over SFTP v3,
-/// see SEMANTICS.md), as must `fstat` of each descriptor held open. `AWCP_FSX_SEEDS=N` runs N
-/// more seeds.
+/// see SEMANTICS.md), as must `fstat` of each descriptor held open. On the default mount,
+/// one that keeps everything for ten minutes, and one that keeps nothing. `AWCP_FSX_SEEDS=N`
+/// runs N more seeds on each.
 #[test]
 fn namespace_with_held_descriptors_matches_a_local_directory() {
-    let m = TestMount::start(&[]);
+    let long = "entry_timeout=600,attr_timeout=600,negative_timeout=600,dcache_timeout=600";
+    for opts in [&[][..], &[long], &[NO_CACHE]] {
+        held_descriptors_run(&TestMount::start(opts));
+    }
+}
+
+fn held_descriptors_run(m: &TestMount) {
     let local_dir = tempfile::tempdir().unwrap();
     let local = local_dir.path().join("model");
     fs::create_dir(&local).unwrap();
@@ -5250,7 +5257,7 @@ fn namespace_with_held_descriptors_matches_a_local_directory() {
         for n in ["d1/x", "d1/y", "d2/x", "a", "b", "c"] {
             let p = mounted.join(n);
             if fs::symlink_metadata(&p).is_ok_and(|md| md.is_dir()) {
-                remove_tree_in_mount(&m, &p);
+                remove_tree_in_mount(m, &p);
             } else {
                 let _ = fs::remove_file(&p);
             }
@@ -5258,7 +5265,7 @@ fn namespace_with_held_descriptors_matches_a_local_directory() {
         for d in ["d1", "d2"] {
             let p = mounted.join(d);
             if fs::symlink_metadata(&p).is_ok_and(|md| md.is_dir()) {
-                remove_tree_in_mount(&m, &p);
+                remove_tree_in_mount(m, &p);
             } else {
                 let _ = fs::remove_file(&p);
             }
