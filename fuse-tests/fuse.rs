@@ -5227,17 +5227,20 @@ fn held_descriptors_run(m: &TestMount, kinds: usize, seeds: impl Iterator<Item =
             let desc = format!("step {step}: op {op} {n1} {n2}");
             if op == 7 {
                 // Hold a descriptor of n1 open on both sides, if it is a file.
-                if let (Ok(a), Ok(b)) = (
+                let open = |root: &Path| {
                     OpenOptions::new()
                         .read(true)
                         .write(true)
-                        .open(mounted.join(n1)),
-                    OpenOptions::new()
-                        .read(true)
-                        .write(true)
-                        .open(local.join(n1)),
-                ) {
-                    held.push((a, b, n1.to_string()));
+                        .open(root.join(n1))
+                };
+                match (open(&mounted), open(&local)) {
+                    (Ok(a), Ok(b)) => held.push((a, b, n1.to_string())),
+                    (a, b) => assert_eq!(
+                        errno(a.map(drop)),
+                        errno(b.map(drop)),
+                        "seed {seed} {desc}: open to hold, on the mount vs local\n{}",
+                        log.join("\n")
+                    ),
                 }
             } else if (op == 8 || op == 12) && !held.is_empty() {
                 // Write through a held descriptor, truncate through it, or close it.
