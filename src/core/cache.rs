@@ -655,14 +655,7 @@ impl MetaCache {
     /// count (none if unknown), never the one from before, which a lookup answered from the
     /// listing would take over.
     pub fn listing_nlink(&mut self, parent: Ino, name: &OsStr, known: Option<u32>) {
-        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
-            if listing.iter().any(|e| e.name == name && e.nlink != known) {
-                let listing = Arc::make_mut(listing);
-                if let Some(e) = listing.iter_mut().find(|e| e.name == name) {
-                    e.nlink = known;
-                }
-            }
-        }
+        self.update_listed_nlink(parent, name, |_| known);
     }
 
     /// A subdirectory of directory `name` of `parent` came (`delta` 1) or went (-1) through
@@ -676,15 +669,30 @@ impl MetaCache {
         known: Option<u32>,
         delta: i32,
     ) {
-        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
-            let listing = Arc::make_mut(listing);
-            if let Some(e) = listing.iter_mut().find(|e| e.name == name) {
-                e.nlink = match (known, e.nlink) {
-                    (Some(n), _) => Some(n),
-                    (None, Some(n)) if n >= 2 => Some(super::inode::subdir_count(n, delta)),
-                    (None, listed) => listed,
-                };
-            }
+        self.update_listed_nlink(parent, name, |listed| match (known, listed) {
+            (Some(n), _) => Some(n),
+            (None, Some(n)) if n >= 2 => Some(super::inode::subdir_count(n, delta)),
+            (None, listed) => listed,
+        });
+    }
+
+    /// The link count the cached listing of `parent` shows for `name`, replaced by `new` of
+    /// it (the listing is copied only if that changes it: readdirs may be holding it).
+    fn update_listed_nlink(
+        &mut self,
+        parent: Ino,
+        name: &OsStr,
+        new: impl FnOnce(Option<u32>) -> Option<u32>,
+    ) {
+        let Some((listing, _)) = self.dirs.get_mut(&parent) else {
+            return;
+        };
+        let Some(pos) = listing.iter().position(|e| e.name == name) else {
+            return;
+        };
+        let nlink = new(listing[pos].nlink);
+        if listing[pos].nlink != nlink {
+            Arc::make_mut(listing)[pos].nlink = nlink;
         }
     }
 

@@ -1478,8 +1478,11 @@ impl<R: Remote> Fs<R> {
             .lookup(parent, name, attrs.file_type());
         if attrs.file_type() == FileKind::Dir {
             self.adopt_listing_ahead(ino);
-            if let Ok(dir) = self.path_of(parent) {
-                self.resolved_dirs.inherit(&dir, &dir.join(name));
+            // (Only where directories are checked: see `resolves_inside`.)
+            if self.enforcer.symlinks() != SymlinkMode::Allow {
+                if let Ok(dir) = self.path_of(parent) {
+                    self.resolved_dirs.inherit(&dir, &dir.join(name));
+                }
             }
         }
         let (attrs, changed, landed) = {
