@@ -14,6 +14,9 @@
 //!   although a purely lexical walk stays inside). A leading run of `..` walks up the
 //!   directory the kernel reached the link through, which is exactly the lexical parent.
 //!
+//! * a NUL byte is refused: the kernel ends a link's target at its first NUL, so `..\0x`
+//!   would be checked as one name and followed as `..`.
+//!
 //! Every hop of a chain is a link the kernel reads through the mount and so is checked on its
 //! own; a target made only of names after the leading `..` can only go *down* from a checked
 //! place.
@@ -27,6 +30,7 @@ pub enum Escape {
     AboveRoot,
     DotDotAfterName,
     Empty,
+    Nul,
 }
 
 impl std::fmt::Display for Escape {
@@ -38,6 +42,7 @@ impl std::fmt::Display for Escape {
                 "'..' after a name (could climb through a symlinked directory)"
             }
             Escape::Empty => "empty target",
+            Escape::Nul => "NUL byte in the target (the kernel would cut it there)",
         })
     }
 }
@@ -47,6 +52,9 @@ impl std::fmt::Display for Escape {
 pub fn check_target(link: &Path, target: &Path) -> Result<(), Escape> {
     if target.as_os_str().is_empty() {
         return Err(Escape::Empty);
+    }
+    if target.as_os_str().as_encoded_bytes().contains(&0) {
+        return Err(Escape::Nul);
     }
     let depth = link
         .parent()
@@ -96,6 +104,10 @@ mod tests {
             ("a/l", "x/../y"),
             ("a/l", "//etc/passwd"),
             ("l", ""),
+            // Checked as one name, but the kernel stops at the NUL and follows `..`.
+            ("l", "..\0"),
+            ("a/l", "../..\0x"),
+            ("l", "x\0/../../.."),
         ] {
             assert!(!ok(link, target), "{link} -> {target} must be refused");
         }

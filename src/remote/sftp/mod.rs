@@ -635,7 +635,15 @@ fn expect_handle(op: &str, r: Response) -> RemoteResult<Bytes> {
 fn expect_one_name(op: &str, r: Response) -> RemoteResult<PathBuf> {
     match r {
         Response::Name(mut names) if !names.is_empty() => {
-            Ok(PathBuf::from(names.swap_remove(0).filename))
+            let name = names.swap_remove(0).filename;
+            // No path holds a NUL; the kernel would cut a link target there (`..\0x` read
+            // as `..`), after containment had checked the whole.
+            if name.as_bytes().contains(&0) {
+                return Err(RemoteError::Protocol(format!(
+                    "{op} answered a path with a NUL byte in it: {name:?}"
+                )));
+            }
+            Ok(PathBuf::from(name))
         }
         Response::Status { code, message } => Err(status_err(code, message)),
         other => Err(unexpected(op, &other)),
@@ -1572,7 +1580,7 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
     // `ls -R` and `git status` bearable on a high-latency link.
     let ch = c.pick_for_open();
     let handle = expect_handle("OPENDIR", ch.request(&Request::Opendir { path }).await?)?;
-    let mut out = Vec::new();
+    let mut listing = Listing::default();
     let mut batch = ReaddirBatch::default();
     let result = 'listing: loop {
         let n = batch.next_size();
@@ -1588,22 +1596,10 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
             // Past the end the rest of the round answers EOF (sftp-server answers a handle's
             // requests in order); names that come anyway are kept, whatever the server.
             match p.wait().await {
-                Ok(Response::Name(names)) => {
-                    for n in names {
-                        let name = n.filename.as_os_str();
-                        if name == OsStr::new(".") || name == OsStr::new("..") {
-                            continue;
-                        }
-                        if name.as_bytes().is_empty() || name.as_bytes().contains(&b'/') {
-                            debug!("skipping bad directory entry name {name:?}");
-                            continue;
-                        }
-                        let nlink = n.nlink();
-                        out.push(DirEntry {
-                            name: n.filename,
-                            attrs: n.attrs,
-                            nlink,
-                        });
+                Ok(Response::Name(names)) if !matches!(done, Some(Err(_))) => {
+                    if let Err(e) = listing.take(names) {
+                        warn!("listing {}: {e}", path.display());
+                        done = Some(Err(e));
                     }
                 }
                 _ if done.is_some() => {}
@@ -1623,7 +1619,61 @@ async fn read_dir_on(c: &Connection, path: &Path) -> RemoteResult<Vec<DirEntry>>
     if let Err(e) = ch.send(&Request::Close { handle: &handle }).await {
         debug!("closing directory {} failed: {e}", path.display());
     }
-    result.map(|()| out)
+    result.map(|()| listing.entries)
+}
+
+/// The most a listing may bring: names plus NAME replies (so that empty replies count too).
+/// A server that never answers EOF would otherwise grow the listing without end; past this
+/// the listing fails with `EIO` (a real directory this large is listed by no SFTP client in
+/// reasonable time either: at 100 bytes an entry it is 200 MiB).
+const MAX_LISTING_ITEMS: usize = 1 << 21;
+
+/// The entries of one listing as its NAME replies come, bounded by [`MAX_LISTING_ITEMS`].
+struct Listing {
+    entries: Vec<DirEntry>,
+    items: usize,
+    max_items: usize,
+}
+
+impl Default for Listing {
+    fn default() -> Self {
+        Listing {
+            entries: Vec::new(),
+            items: 0,
+            max_items: MAX_LISTING_ITEMS,
+        }
+    }
+}
+
+impl Listing {
+    /// Keep the entries of one NAME reply (`.`, `..`, and names no directory can hold are
+    /// skipped); an error once the listing has grown past its bound.
+    fn take(&mut self, names: Vec<codec::NameEntry>) -> RemoteResult<()> {
+        self.items = self.items.saturating_add(names.len().max(1));
+        if self.items > self.max_items {
+            return Err(RemoteError::Protocol(format!(
+                "the server sent more than {} names without ending the listing",
+                self.max_items
+            )));
+        }
+        for n in names {
+            let name = n.filename.as_os_str();
+            if name == OsStr::new(".") || name == OsStr::new("..") {
+                continue;
+            }
+            if name.as_bytes().is_empty() || name.as_bytes().contains(&b'/') {
+                debug!("skipping bad directory entry name {name:?}");
+                continue;
+            }
+            let nlink = n.nlink();
+            self.entries.push(DirEntry {
+                name: n.filename,
+                attrs: n.attrs,
+                nlink,
+            });
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -1635,6 +1685,53 @@ mod tests {
         let mut b = ReaddirBatch::default();
         let sizes: Vec<_> = (0..6).map(|_| b.next_size()).collect();
         assert_eq!(sizes, [4, 8, 16, 32, 32, 32]);
+    }
+
+    fn name(n: &[u8]) -> codec::NameEntry {
+        codec::NameEntry {
+            filename: OsStr::from_bytes(n).to_os_string(),
+            longname: Default::default(),
+            attrs: Attrs::default(),
+        }
+    }
+
+    #[test]
+    fn a_path_with_a_nul_in_it_is_a_protocol_error() {
+        let answer = |n: &[u8]| expect_one_name("READLINK", Response::Name(vec![name(n)]));
+        assert_eq!(answer(b"../x").unwrap(), PathBuf::from("../x"));
+        for bad in [&b"..\0"[..], b"..\0x", b"a\0/../.."] {
+            assert!(
+                matches!(answer(bad), Err(RemoteError::Protocol(_))),
+                "{bad:?} must be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn a_listing_that_never_ends_is_cut_off() {
+        let mut listing = Listing {
+            max_items: 10,
+            ..Default::default()
+        };
+        listing
+            .take(vec![
+                name(b"."),
+                name(b".."),
+                name(b"a"),
+                name(b"b/c"),
+                name(b""),
+            ])
+            .unwrap();
+        let kept: Vec<_> = listing.entries.iter().map(|e| e.name.clone()).collect();
+        assert_eq!(kept, [OsStr::new("a")]);
+        // Empty replies count too: a server answering NAME with no names forever.
+        for _ in 0..5 {
+            listing.take(Vec::new()).unwrap();
+        }
+        assert!(matches!(
+            listing.take(vec![name(b"d")]),
+            Err(RemoteError::Protocol(_))
+        ));
     }
 
     #[test]
