@@ -2185,8 +2185,43 @@ impl<R: Remote> Fs<R> {
             },
         };
         // Checked on every read, not when cached: the policy may have changed meanwhile.
+        // And from every name the link has through the mount (hard links of it): the kernel
+        // follows the target from whichever it came through, which it does not say.
         self.check_symlink(&path, &target)?;
+        for other in self.other_paths_of(ino, &path) {
+            self.check_symlink(&other, &target)?;
+        }
         Ok(target)
+    }
+
+    /// Under `contain`, a symlink moved to `to` must stay contained there: `../../x`, fine
+    /// two levels down, escapes from the top (on the server too, for the lender's tools).
+    /// Links inside a directory moved up are not looked for (SECURITY.md): the kernel
+    /// still gets only targets checked where it reads them.
+    async fn check_moved_symlink(&self, ino: Option<Ino>, to: &Path) -> FsResult<()> {
+        let Some(ino) = ino else { return Ok(()) };
+        if self.enforcer.symlinks() != SymlinkMode::Contain
+            || self.inodes.lock().unwrap().kind(ino) != Some(FileKind::Symlink)
+        {
+            return Ok(());
+        }
+        let target = self.readlink(ino).await?;
+        self.check_symlink(to, &target)
+    }
+
+    /// The absolute server paths of `ino`'s names other than `path` (its hard links made
+    /// through the mount).
+    fn other_paths_of(&self, ino: Ino, path: &Path) -> Vec<PathBuf> {
+        let inodes = self.inodes.lock().unwrap();
+        inodes
+            .names_of(ino)
+            .into_iter()
+            .filter_map(|(parent, name)| match inodes.location(parent) {
+                Location::Path(rel) => Some(self.root.join(rel).join(name)),
+                Location::Detached => None,
+            })
+            .filter(|p| p != path)
+            .collect()
     }
 
     /// The mode of `ino` as the attribute cache knows it (nothing if not cached or expired).
@@ -2719,6 +2754,7 @@ impl<R: Remote> Fs<R> {
             }
             return Ok(());
         }
+        self.check_moved_symlink(source_ino, &to).await?;
         let into_itself = {
             let inodes = self.inodes.lock().unwrap();
             inodes
@@ -2877,6 +2913,13 @@ impl<R: Remote> Fs<R> {
         }
         let existing = self.path_of(ino)?;
         let new = self.child_path(new_parent, new_name)?;
+        if self.inodes.lock().unwrap().kind(ino) == Some(FileKind::Symlink) {
+            // A hard link of a symlink is a symlink with the same target at another depth:
+            // `../../x`, contained two levels down, escapes from the top. (Under `deny`,
+            // the readlink refuses.)
+            let target = self.readlink(ino).await?;
+            self.check_symlink(&new, &target)?;
+        }
         // SFTP v3 has no link counts, so an unlink cannot always tell whether the data lives
         // on under another name: a hard link is charged as a copy (see Quota::reserve_link).
         let size = self.quota_size(Some(ino), &existing).await;

@@ -3500,6 +3500,62 @@ async fn follow_symlinks_shows_targets() {
 /// someone on the server swaps it for a symlink leading outside the export, every path sent
 /// under it would land outside. Once its last check is past the attribute TTL (zero here),
 /// the server is asked where it resolves first, and nothing is sent through it.
+/// A symlink contained where it is made must stay contained under every name it gets:
+/// `../../x` two levels down escapes from the top. A hard link or a rename that would put it
+/// there is refused, and nothing reaches the server; a link whose directory was moved up
+/// (not looked for) is refused when read through any of its names, since the kernel follows
+/// it from whichever it came through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_contained_symlink_cannot_be_linked_or_moved_to_where_it_escapes() {
+    let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
+        &crate::policy::Policy::default(),
+    ));
+    let h = Harness::with(
+        FsConfig {
+            enforcer: contain,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    std::fs::create_dir_all(h.disk("a/b")).unwrap();
+    std::fs::create_dir_all(h.disk("a/c")).unwrap();
+    let a = h.lookup(ROOT, "a").await;
+    let b = h.lookup(a, "b").await;
+    let c = h.lookup(a, "c").await;
+    let target = Path::new("../../x");
+    let l =
+        h.fs.symlink(b, os("l"), target, Caller::ROOT)
+            .await
+            .expect("contained at depth 2")
+            .attr
+            .ino;
+    assert_errno(h.fs.link(l, ROOT, os("esc")).await, libc::EPERM, "link up");
+    assert_errno(
+        h.fs.rename(b, os("l"), ROOT, os("esc"), 0).await,
+        libc::EPERM,
+        "rename up",
+    );
+    assert!(h.disk("esc").symlink_metadata().is_err(), "nothing made");
+    assert!(h.disk("a/b/l").symlink_metadata().is_ok(), "nothing moved");
+    // At the same depth both work.
+    h.fs.link(l, c, os("l2"))
+        .await
+        .expect("link at the same depth");
+    h.fs.rename(b, os("l"), b, os("m"), 0)
+        .await
+        .expect("rename at the same depth");
+    assert_eq!(h.fs.readlink(l).await.unwrap(), target);
+    // A directory moved up takes its links with it, unchecked. The link has a name at
+    // depth 2 still (a/b/m) and one at depth 1 now (c/l2): reading it is refused, whichever
+    // name it is asked for.
+    h.fs.rename(a, os("c"), ROOT, os("c"), 0).await.unwrap();
+    assert_errno(
+        h.fs.readlink(l).await,
+        libc::EPERM,
+        "readlink after the move",
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_directory_swapped_for_a_link_outside_is_refused() {
     let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
