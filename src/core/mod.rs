@@ -2553,7 +2553,7 @@ impl<R: Remote> Fs<R> {
                     tracing::warn!(
                         "the server refused an unlink answered early; the name is back: {e}"
                     );
-                    fs.enforcer.quota.name_restored(given_back);
+                    fs.enforcer.quota.name_restored(ino, given_back);
                     // Forget that it was removed: the next lookup finds it on the server.
                     fs.name_uncertain(parent, &name);
                 }
@@ -4465,16 +4465,25 @@ impl<R: Remote> Fs<R> {
         file.handle_version().await;
         file.settle(self).await;
         let unreported = file.tell(Told::Opener, &[]);
-        {
+        let last = {
             let mut streams = self.streams.lock().unwrap();
             let mut files = self.files.lock().unwrap();
             files.remove(&fh);
-            if !files.values().any(|f| f.ino == file.ino) {
+            let last = !files.values().any(|f| f.ino == file.ino);
+            if last {
                 // Last descriptor of the file: its writer task may end.
                 file.stream.stop();
                 streams.remove(&file.ino);
                 self.early_write_back.closed(file.ino);
             }
+            last
+        };
+        // The kernel forgot the inode while this descriptor was still open (a FORGET may
+        // come before the RELEASE): what `forget` left for the last descriptor goes now.
+        // (Not under the files lock: `forget` takes the inode table's, then that one.)
+        if last && !self.inodes.lock().unwrap().contains(file.ino) {
+            self.enforcer.quota.forget(file.ino);
+            self.early_write_back.forget(file.ino);
         }
         if file.flags.write {
             // The server sets the final mtime as the last write lands: what was cached may

@@ -5084,6 +5084,56 @@ async fn quota_an_open_with_o_trunc_gives_back_what_the_file_held() {
     }
 }
 
+/// Quota: a file removed while open (`tmpfile()` under the mount: create, unlink, write)
+/// lives on on the server until its last descriptor goes. What it held was given back with
+/// its name; what it grows by after is charged, and given back when the mount forgets it,
+/// whether the kernel's FORGET comes before the RELEASE or after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_a_file_removed_while_open_is_charged_its_growth_until_forgotten() {
+    let h = Harness::new();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(1_000), Some(10));
+    for round in 0..4 {
+        let (ino, fh) = h.create(ROOT, "tmp").await;
+        h.write(fh, 0, &[1u8; 300]).await;
+        h.fs.unlink(ROOT, os("tmp")).await.unwrap();
+        assert_eq!(quota.usage().bytes, 0, "round {round}: given back");
+        // 300 bytes rewritten (free) and 300 more (charged).
+        h.write(fh, 0, &[2u8; 600]).await;
+        assert_eq!(quota.usage().bytes, 300, "round {round}: the growth");
+        h.fs.setattr(
+            ino,
+            Some(fh),
+            SetattrRequest {
+                size: Some(100),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            quota.usage().bytes,
+            0,
+            "round {round}: shrunk below what it held"
+        );
+        h.write(fh, 100, &[3u8; 50]).await;
+        assert_eq!(quota.usage().bytes, 50, "round {round}: grown again");
+        if round % 2 == 0 {
+            h.fs.release(fh).await.unwrap();
+            h.fs.forget(ino, 1);
+        } else {
+            h.fs.forget(ino, 1);
+            assert_eq!(quota.usage().bytes, 50, "round {round}: still open");
+            h.fs.release(fh).await.unwrap();
+        }
+        assert_eq!(
+            (quota.usage().bytes, quota.usage().files),
+            (0, 0),
+            "round {round}: all given back"
+        );
+    }
+}
+
 /// Quota: a create that finds the file already there (put on the server after the kernel's
 /// lookup) made no entry, and charges none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,6 +29,12 @@ struct State {
     /// Hard links made through the mount that are charged as copies: the inode's bytes count
     /// `1 + copies` times, also as it grows, and each removed name gives one copy back.
     copies: HashMap<Ino, u32>,
+    /// Files whose last name was removed while the mount still knows them (open, or not
+    /// yet forgotten by the kernel): how much of their size was given back with the name.
+    /// Their data lives on on the server while a descriptor holds it, so what they grow by
+    /// afterwards is charged, and given back when the mount forgets them (a `tmpfile()`
+    /// under the mount: open, unlink, write). Never more than the size.
+    given_back: HashMap<Ino, u64>,
     /// Bytes the workspace held at mount time, once measured (for `df`).
     base: Option<u64>,
 }
@@ -107,8 +113,28 @@ impl Quota {
     /// removed.)
     pub fn forget(&self, ino: Ino) {
         let mut s = self.state.lock().unwrap();
-        s.sizes.remove(&ino);
+        let size = s.sizes.remove(&ino);
         s.copies.remove(&ino);
+        // A removed file goes with its last descriptor: what it grew by since is freed.
+        if let Some(given) = s.given_back.remove(&ino) {
+            let size = size.unwrap_or(given);
+            s.bytes -= i128::from(size.saturating_sub(given));
+        }
+    }
+
+    /// Set the size of `ino` to `size`, returning the change in bytes charged (weighted by
+    /// its copies). Of a removed file, only the part above what was given back is charged.
+    fn charge_size(s: &mut State, ino: Ino, size: u64) -> i128 {
+        let old = s.sizes.insert(ino, size).unwrap_or(0);
+        let weight = i128::from(Self::weight(s, ino));
+        match s.given_back.get_mut(&ino) {
+            None => (i128::from(size) - i128::from(old)) * weight,
+            Some(given) => {
+                let before = old.saturating_sub(*given);
+                *given = (*given).min(size);
+                (i128::from(size - *given) - i128::from(before)) * weight
+            }
+        }
     }
 
     /// How many times the bytes of `ino` are charged.
@@ -149,26 +175,32 @@ impl Quota {
     /// `ino` is being truncated to `size`: reserve the growth or give back the shrink.
     pub fn resize(&self, ino: Ino, size: u64) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
-        let old = s.sizes.get(&ino).copied().unwrap_or(0);
-        let delta = (i128::from(size) - i128::from(old)) * i128::from(Self::weight(&s, ino));
-        if size > old {
-            if let Some(max) = s.max_bytes {
-                if s.bytes + delta > i128::from(max) {
-                    return Err(OverQuota);
+        let old = s.sizes.get(&ino).copied();
+        let old_given = s.given_back.get(&ino).copied();
+        let delta = Self::charge_size(&mut s, ino, size);
+        if let Some(max) = s.max_bytes.filter(|_| delta > 0) {
+            if s.bytes + delta > i128::from(max) {
+                // Undo: the size (and what was given back) as they were.
+                match old {
+                    Some(old) => s.sizes.insert(ino, old),
+                    None => s.sizes.remove(&ino),
+                };
+                if let Some(g) = old_given {
+                    s.given_back.insert(ino, g);
                 }
+                return Err(OverQuota);
             }
         }
         s.bytes += delta;
-        s.sizes.insert(ino, size);
         Ok(())
     }
 
     /// A failed resize or write: undo the reservation.
     pub fn unreserve(&self, ino: Ino, old_size: u64) {
         let mut s = self.state.lock().unwrap();
-        if let Some(cur) = s.sizes.get(&ino).copied() {
-            s.bytes -= (i128::from(cur) - i128::from(old_size)) * i128::from(Self::weight(&s, ino));
-            s.sizes.insert(ino, old_size);
+        if s.sizes.contains_key(&ino) {
+            let delta = Self::charge_size(&mut s, ino, old_size);
+            s.bytes += delta;
         }
     }
 
@@ -226,8 +258,11 @@ impl Quota {
                 }
                 _ if data_lives_on => 0,
                 _ => {
-                    s.sizes.remove(&ino);
+                    // Kept, with what was given back, until the mount forgets it: it may
+                    // still be open, and grow.
                     s.copies.remove(&ino);
+                    s.sizes.insert(ino, size);
+                    s.given_back.insert(ino, size);
                     size
                 }
             },
@@ -239,9 +274,14 @@ impl Quota {
     /// A removal [`name_removed`](Self::name_removed) gave `bytes` back for did not happen
     /// after all (the server refused an unlink answered early): charge the entry and the
     /// bytes again, past the limit if need be, since they are on the server.
-    pub fn name_restored(&self, bytes: u64) {
+    pub fn name_restored(&self, ino: Ino, bytes: u64) {
         let mut s = self.state.lock().unwrap();
         s.files += 1;
+        // (Of what was given back, what the file still holds: it may have shrunk since.)
+        let bytes = s
+            .given_back
+            .remove(&ino)
+            .map_or(bytes, |given| given.min(bytes));
         s.bytes += i128::from(bytes);
     }
 
@@ -265,12 +305,15 @@ impl Quota {
         s.bytes -= i128::from(bytes);
         if let Some(ino) = ino {
             s.sizes.remove(&ino);
+            s.given_back.remove(&ino);
         }
     }
 
     /// The new file `ino` starts empty.
     pub fn created(&self, ino: Ino) {
-        self.state.lock().unwrap().sizes.insert(ino, 0);
+        let mut s = self.state.lock().unwrap();
+        s.sizes.insert(ino, 0);
+        s.given_back.remove(&ino);
     }
 }
 
@@ -299,6 +342,44 @@ mod tests {
         assert_eq!(q.reserve_write(1, NEAR_MAX, 1), Err(OverQuota));
         assert_eq!(q.reserve_write(1, 0, 10), Ok(10));
         assert_eq!(q.usage().bytes, 10);
+    }
+
+    /// A removed file that is still open: given back with its name, charged for what it
+    /// grows by, and for nothing more when its name comes back (an unlink the server refused).
+    #[test]
+    fn a_removed_file_is_charged_only_above_what_it_gave_back() {
+        let q = Quota::new(Some(1_000), None);
+        q.created(1);
+        assert_eq!(q.reserve_write(1, 0, 100), Ok(100));
+        assert_eq!(q.name_removed(Some(1), 100, false), 100);
+        assert_eq!(q.usage().bytes, 0);
+        assert_eq!(q.reserve_write(1, 0, 100), Ok(100), "rewritten: free");
+        assert_eq!(q.usage().bytes, 0);
+        assert_eq!(q.reserve_write(1, 100, 50), Ok(50));
+        assert_eq!(q.usage().bytes, 50);
+        // A write that failed gives its growth back, and no more.
+        q.unreserve(1, 100);
+        assert_eq!(q.usage().bytes, 0);
+        q.resize(1, 40).unwrap();
+        assert_eq!(q.usage().bytes, 0, "below what it gave back");
+        q.resize(1, 70).unwrap();
+        assert_eq!(q.usage().bytes, 30, "above the 40 it holds of that");
+        // Over the budget: refused, nothing changed.
+        assert_eq!(q.resize(1, 2_000), Err(OverQuota));
+        assert_eq!((q.usage().bytes, q.size_of(1)), (30, Some(70)));
+        // The name is back: charged for what it holds.
+        q.name_restored(1, 100);
+        assert_eq!(q.usage().bytes, 70);
+        q.forget(1);
+        assert_eq!(q.usage().bytes, 70, "a file with a name stays charged");
+        // Removed again, then forgotten: its growth goes with it.
+        q.created(2);
+        assert_eq!(q.reserve_write(2, 0, 10), Ok(10));
+        q.name_removed(Some(2), 10, false);
+        assert_eq!(q.reserve_write(2, 10, 20), Ok(20));
+        assert_eq!(q.usage().bytes, 90);
+        q.forget(2);
+        assert_eq!(q.usage().bytes, 70);
     }
 
     #[test]
