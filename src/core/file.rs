@@ -185,6 +185,18 @@ pub struct WriteStream<R: Remote> {
     lost: Mutex<Vec<Lost<R>>>,
     /// [`catch_up`]s running: what they took from `lost` may be neither there nor in flight.
     catching_up: AtomicUsize,
+    /// Write failures of the file through any of its descriptors, for fsync through another
+    /// (see [`OpenFile::tell_file_failure`]).
+    failures: Mutex<FileFailures>,
+}
+
+/// The file's side of the kernel's errseq: its latest write failure, how many there were,
+/// and whether any fsync or close reported the latest yet.
+#[derive(Debug, Default)]
+struct FileFailures {
+    last: Option<(RemoteError, u64)>,
+    seq: u64,
+    seen: bool,
 }
 
 impl<R: Remote> Default for WriteStream<R> {
@@ -196,11 +208,31 @@ impl<R: Remote> Default for WriteStream<R> {
             queued: AtomicUsize::new(0),
             lost: Mutex::new(Vec::new()),
             catching_up: AtomicUsize::new(0),
+            failures: Mutex::new(FileFailures::default()),
         }
     }
 }
 
 impl<R: Remote> WriteStream<R> {
+    /// Where a descriptor opened now starts in the file's failures: after every one so far,
+    /// unless the latest was reported to nobody (then the new descriptor's fsync reports it,
+    /// as errseq does for a file opened after a write-back error nobody has seen).
+    fn failures_sample(&self) -> u64 {
+        let f = self.failures.lock().unwrap();
+        if f.seen {
+            f.seq
+        } else {
+            f.seq.saturating_sub(1)
+        }
+    }
+
+    fn latch(&self, err: RemoteError, end: u64) {
+        let mut f = self.failures.lock().unwrap();
+        f.seq += 1;
+        f.last = Some((err, end));
+        f.seen = false;
+    }
+
     /// Whether writes are queued, in flight, or lost with a connection and not yet sent
     /// again (a read must wait for those too: the server may not have them).
     pub fn pending(&self) -> bool {
@@ -573,6 +605,9 @@ pub struct OpenFile<R: Remote> {
     pub stream: Arc<WriteStream<R>>,
     /// Write failures through this descriptor, and who has been told of them.
     failures: Mutex<Failures>,
+    /// How many of the file's failures (through any descriptor) this one's fsync has been
+    /// told of (see [`OpenFile::tell_file_failure`]).
+    file_failures_told: AtomicU64,
     /// Highest byte offset written through this handle (for the size the kernel is shown
     /// while writes are still in flight).
     pub written_end: AtomicU64,
@@ -624,6 +659,7 @@ impl<R: Remote> OpenFile<R> {
         stream: Arc<WriteStream<R>>,
         opener: u32,
     ) -> Self {
+        let file_failures_told = AtomicU64::new(stream.failures_sample());
         OpenFile {
             ino,
             flags,
@@ -631,6 +667,7 @@ impl<R: Remote> OpenFile<R> {
             reopening: tokio::sync::Mutex::new(()),
             stream,
             failures: Mutex::new(Failures::default()),
+            file_failures_told,
             written_end: AtomicU64::new(0),
             opener,
             lanes: Mutex::new(Lanes::Untried),
@@ -848,6 +885,7 @@ impl<R: Remote> OpenFile<R> {
 
     /// Latch the failure of a write that would have ended at byte `end`.
     pub fn latch_write(&self, err: RemoteError, end: u64) {
+        self.stream.latch(err.clone(), end);
         let mut f = self.failures.lock().unwrap();
         f.seq += 1;
         f.last = Some((err, end));
@@ -886,6 +924,28 @@ impl<R: Remote> OpenFile<R> {
             f.last = None;
         }
         found
+    }
+
+    /// The latest write failure of the file through *another* descriptor (or this one) that
+    /// this descriptor's fsync has not been told of: fsync is of the file, and the kernel's
+    /// errseq tells every open file of a write-back error once, whoever's write it was (an
+    /// `msync` of a mapping whose pages went out through another descriptor's handle, `sync
+    /// FILE` after the writer closed without looking at close's answer). From now on this
+    /// descriptor has been told of all of them.
+    pub fn tell_file_failure(&self) -> Option<(RemoteError, u64)> {
+        let mut f = self.stream.failures.lock().unwrap();
+        let told = self.file_failures_told.swap(f.seq, Ordering::AcqRel);
+        if told >= f.seq {
+            return None;
+        }
+        f.seen = true;
+        f.last.clone()
+    }
+
+    /// A close reported the file's latest failure: a descriptor opened from now on does not
+    /// report it again.
+    pub fn file_failure_seen(&self) {
+        self.stream.failures.lock().unwrap().seen = true;
     }
 
     /// Whether writes of this file (through any descriptor) are queued or in flight.

@@ -4312,7 +4312,10 @@ impl<R: Remote> Fs<R> {
             false => file.tell(Told::Writes, &[Told::Writes]),
         };
         match failure {
-            Some(failure) => Err(self.write_failure(&file, failure).await),
+            Some(failure) => {
+                file.file_failure_seen();
+                Err(self.write_failure(&file, failure).await)
+            }
             None => Ok(()),
         }
     }
@@ -4403,8 +4406,13 @@ impl<R: Remote> Fs<R> {
         }
         let file = self.file(fh)?;
         // Whoever's close saw a failure first, fsync has not been told of it: it reports it,
-        // and then the opener's close need not.
-        let everyone = [Told::Fsync, Told::Opener, Told::Writes];
+        // and then the opener's close need not. So does a failure of a write through another
+        // descriptor of the file, which only fsync reports here (and only once each).
+        let fsync_failure = |file: &OpenFile<R>| {
+            let own = file.tell(Told::Fsync, &[Told::Fsync, Told::Opener, Told::Writes]);
+            let any = file.tell_file_failure();
+            own.or(any)
+        };
         if file.writes_pending() && self.goes_behind_writes(&file) {
             // The FSYNC goes out at once behind the writes on their handle, which the server
             // carries out first; its answer comes after theirs: one round trip, not two. If
@@ -4420,14 +4428,14 @@ impl<R: Remote> Fs<R> {
                 && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
             if clean {
                 self.written_through_settled(&file).await;
-                return match file.tell(Told::Fsync, &everyone) {
+                return match fsync_failure(&file) {
                     Some(failure) => Err(self.write_failure(&file, failure).await),
                     None => Ok(()),
                 };
             }
         }
         file.settle(self).await;
-        if let Some(failure) = file.tell(Told::Fsync, &everyone) {
+        if let Some(failure) = fsync_failure(&file) {
             return Err(self.write_failure(&file, failure).await);
         }
         // (Any write lost with an old connection was reported above.)

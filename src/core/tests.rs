@@ -1744,6 +1744,44 @@ async fn wb_overlapping_writes_keep_their_order() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// fsync is of the file: a write that failed through one descriptor is reported by the
+/// fsync of another (an `msync` whose pages went out through another descriptor's handle,
+/// `sync FILE` after a writer that ignored close's answer), once per descriptor, as the
+/// kernel's errseq tells each open file; a descriptor opened after the failure was reported
+/// does not hear of it, one opened before anyone was told does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_failure_is_reported_by_the_fsync_of_every_descriptor_of_the_file() {
+    let h = Harness::new();
+    let (f, a) = h.create(ROOT, "f").await;
+    let b = h.open(f, libc::O_RDWR).await;
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    let _ = h.fs.write(a, 0, b"lost").await;
+    // (The failure is in once b's close has waited for the file's writes.)
+    let _ = h.fs.flush(b).await;
+    let c = h.open(f, libc::O_RDONLY).await;
+    assert_errno(
+        h.fs.fsync(b).await,
+        libc::EIO,
+        "fsync of another descriptor",
+    );
+    h.fs.fsync(b).await.expect("told once");
+    assert_errno(
+        h.fs.fsync(c).await,
+        libc::EIO,
+        "opened before anyone was told",
+    );
+    let d = h.open(f, libc::O_RDONLY).await;
+    h.fs.fsync(d).await.expect("opened after it was told");
+    // The writer's own descriptor still hears of it.
+    assert!(
+        h.fs.fsync(a).await.is_err(),
+        "fsync of the writer's descriptor"
+    );
+    for fh in [a, b, c, d] {
+        let _ = h.fs.release(fh).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_write_failure_is_reported_by_the_next_flush() {
     let h = Harness::new();
