@@ -705,12 +705,23 @@ struct MountInfo {
 /// Turn the mount read-only now: every mutating operation gets EROFS from this moment, writes
 /// already acknowledged are flushed to the server, and (as root) the kernel mount itself is
 /// remounted `ro` so tools see it in /proc/mounts too.
+/// How long a downgrade waits for operations that passed their read-only check before it.
+const MUTATIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<(), String> {
     let first = !fs.is_read_only();
     if first {
         write_back_mapped_pages(fs, mountpoint).await;
     }
     fs.set_read_only();
+    // What passed its read-only check just before lands first (a rename waiting for a
+    // lookup, a truncate for the writes before it), so that nothing is changed on the server
+    // after the downgrade but the writes flushed below.
+    if !fs.mutations_settled(MUTATIONS_WAIT).await {
+        tracing::warn!(
+            "downgrade: operations started before it were still on their way after {MUTATIONS_WAIT:?}; going on"
+        );
+    }
     let flushed = fs.flush_all().await;
     if first {
         tracing::warn!(mountpoint = %mountpoint.display(), "mount downgraded to read-only");

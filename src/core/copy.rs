@@ -100,7 +100,7 @@ impl<R: Remote> Fs<R> {
         offset_out: u64,
         len: u64,
     ) -> FsResult<u32> {
-        self.check_writable("copy_file_range")?;
+        let _mutating = self.check_writable("copy_file_range")?;
         let out = self.file(fh_out)?;
         if !out.flags.write {
             return Err(FsError::new(
@@ -264,7 +264,7 @@ impl<R: Remote> Fs<R> {
             return Ok(Ok(0));
         }
         // Again: the lease may have ended while the source was opened (or a reconnect waited).
-        if let Err(e) = self.check_writable("copy_file_range") {
+        if let Err(e) = self.check_writable("copy_file_range").map(drop) {
             return Ok(Err(e));
         }
         // Charged before it is sent, as a write is. (Asking twice for the same range, as a

@@ -24,7 +24,7 @@ mod write_back;
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -309,6 +309,10 @@ pub struct Fs<R: Remote> {
     root: PathBuf,
     config: Mutex<FsConfig>,
     read_only: AtomicBool,
+    /// Mutating operations past their read-only check and not yet done (see [`Mutating`]).
+    mutations: AtomicUsize,
+    /// Told when `mutations` drops to zero.
+    mutations_done: tokio::sync::Notify,
     inodes: Mutex<InodeTable>,
     /// FIFOs, sockets and device nodes made through the mount, which only the mount keeps
     /// (see `specials`).
@@ -539,6 +543,21 @@ fn is_valid_listing_name(name: &OsStr) -> bool {
     check_name(name).is_ok() && name != "." && name != ".."
 }
 
+/// A mutating operation on its way (see [`Fs::check_writable`]).
+#[must_use = "the operation is counted only while the guard lives"]
+pub struct Mutating<'a> {
+    count: &'a AtomicUsize,
+    done: &'a tokio::sync::Notify,
+}
+
+impl Drop for Mutating<'_> {
+    fn drop(&mut self) {
+        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.done.notify_waiters();
+        }
+    }
+}
+
 impl<R: Remote> Fs<R> {
     /// A filesystem over `remote`, exporting the server directory `root` (absolute, already
     /// resolved by the caller). Methods must be called from within the runtime `rt`.
@@ -554,6 +573,8 @@ impl<R: Remote> Fs<R> {
             rt,
             root,
             read_only: AtomicBool::new(config.read_only),
+            mutations: AtomicUsize::new(0),
+            mutations_done: tokio::sync::Notify::new(),
             cache: Mutex::new(MetaCache::new(config.cache)),
             config: Mutex::new(config),
             inodes: Mutex::new(InodeTable::new()),
@@ -628,7 +649,27 @@ impl<R: Remote> Fs<R> {
     /// Turn the mount read-only from now on (lease expiry, `awcp-mount downgrade`). Writes
     /// already queued are flushed by the caller via [`Fs::flush_all`].
     pub fn set_read_only(&self) {
-        self.read_only.store(true, Ordering::Release);
+        // SeqCst, against `check_writable`'s count and check (see there).
+        self.read_only.store(true, Ordering::SeqCst);
+    }
+
+    /// Wait (at most `within`) until every mutating operation that passed its read-only
+    /// check before [`Fs::set_read_only`] is done: a downgrade then knows nothing more will
+    /// change on the server but the writes queued before it, which it flushes. False if
+    /// some were still on their way at the deadline (a server that stopped answering).
+    pub async fn mutations_settled(&self, within: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let done = self.mutations_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.mutations.load(Ordering::SeqCst) == 0 {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Number of inodes the kernel currently references (for tests and status).
@@ -642,15 +683,25 @@ impl<R: Remote> Fs<R> {
         files + self.snapshots.lock().unwrap().len()
     }
 
-    fn check_writable(&self, what: &str) -> FsResult<()> {
-        if self.is_read_only() {
-            Err(FsError::new(
+    /// Refuse `what` with `EROFS` on a read-only mount; else the operation may change the
+    /// server for as long as it holds the returned guard, and a downgrade waits for it
+    /// ([`Fs::mutations_settled`]): an operation that passed the check just before the
+    /// lease ended must not land after the mount turned read-only. Counted before the flag
+    /// is read, and the flag set before the count is read (both SeqCst): either the
+    /// downgrade sees the operation, or the operation sees the flag.
+    fn check_writable(&self, what: &str) -> FsResult<Mutating<'_>> {
+        self.mutations.fetch_add(1, Ordering::SeqCst);
+        let guard = Mutating {
+            count: &self.mutations,
+            done: &self.mutations_done,
+        };
+        if self.read_only.load(Ordering::SeqCst) {
+            return Err(FsError::new(
                 libc::EROFS,
                 format!("{what}: the mount is read-only"),
-            ))
-        } else {
-            Ok(())
+            ));
         }
+        Ok(guard)
     }
 
     /// Count one more entry against the quota, or refuse with ENOSPC.
@@ -1871,7 +1922,7 @@ impl<R: Remote> Fs<R> {
         fh: Option<u64>,
         req: SetattrRequest,
     ) -> FsResult<Attr> {
-        self.check_writable("setattr")?;
+        let _mutating = self.check_writable("setattr")?;
         if let Some(done) = self.setattr_special(ino, &req) {
             return done;
         }
@@ -2399,7 +2450,7 @@ impl<R: Remote> Fs<R> {
         umask: u32,
         caller: Caller,
     ) -> FsResult<Entry> {
-        self.check_writable("mkdir")?;
+        let _mutating = self.check_writable("mkdir")?;
         self.dir_inside(parent).await?;
         // A name it creates or a path it moves may be one an unlink answered early is
         // still removing (see remove_behind): so may a name any operation below creates or a
@@ -2435,7 +2486,7 @@ impl<R: Remote> Fs<R> {
         target: &Path,
         caller: Caller,
     ) -> FsResult<Entry> {
-        self.check_writable("symlink")?;
+        let _mutating = self.check_writable("symlink")?;
         self.dir_inside(parent).await?;
         self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
@@ -2454,7 +2505,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn unlink(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<()> {
-        self.check_writable("unlink")?;
+        let _mutating = self.check_writable("unlink")?;
         self.dir_inside(parent).await?;
         if self.unlink_special(parent, name).await? {
             return Ok(());
@@ -2591,7 +2642,7 @@ impl<R: Remote> Fs<R> {
     }
 
     pub async fn rmdir(&self, parent: Ino, name: &OsStr) -> FsResult<()> {
-        self.check_writable("rmdir")?;
+        let _mutating = self.check_writable("rmdir")?;
         self.dir_inside(parent).await?;
         let path = self.child_path(parent, name)?;
         self.rmdir_special_check(&path)?;
@@ -2694,7 +2745,7 @@ impl<R: Remote> Fs<R> {
         new_name: &OsStr,
         flags: u32,
     ) -> FsResult<()> {
-        self.check_writable("rename")?;
+        let _mutating = self.check_writable("rename")?;
         if flags & libc::RENAME_EXCHANGE != 0 {
             return Err(FsError::new(
                 libc::EINVAL,
@@ -2904,7 +2955,7 @@ impl<R: Remote> Fs<R> {
     /// inode number), so the kernel keeps one inode, one page cache and one set of attributes
     /// for both.
     pub async fn link(&self, ino: Ino, new_parent: Ino, new_name: &OsStr) -> FsResult<Entry> {
-        self.check_writable("link")?;
+        let _mutating = self.check_writable("link")?;
         self.parent_inside(ino).await?;
         self.dir_inside(new_parent).await?;
         self.names_settled().await;
@@ -3123,7 +3174,8 @@ impl<R: Remote> Fs<R> {
         read_along: bool,
     ) -> FsResult<u64> {
         if req.wants_write() {
-            self.check_writable("open for writing")?;
+            // (Only a check: the writes to come are checked, and counted, each.)
+            drop(self.check_writable("open for writing")?);
         }
         let path = self.path_of(ino)?;
         let flags = req.remote_flags();
@@ -3231,7 +3283,7 @@ impl<R: Remote> Fs<R> {
             quota.observe(ino, size.unwrap_or(0));
         }
         // The lease may have ended while the writes landed.
-        self.check_writable("open with O_TRUNC")?;
+        let _mutating = self.check_writable("open with O_TRUNC")?;
         let since = self.cache.lock().unwrap().now();
         let (handle, attrs) = match self.truncating_open(path, flags).await {
             Ok(o) => o,
@@ -3326,7 +3378,7 @@ impl<R: Remote> Fs<R> {
         req: OpenRequest,
         may_be_early: bool,
     ) -> FsResult<(Entry, u64)> {
-        self.check_writable("create")?;
+        let _mutating = self.check_writable("create")?;
         self.dir_inside(parent).await?;
         self.removes_behind.all_settled().await;
         let path = self.child_path(parent, name)?;
@@ -3649,7 +3701,7 @@ impl<R: Remote> Fs<R> {
         umask: u32,
         caller: Caller,
     ) -> FsResult<Entry> {
-        self.check_writable("mknod")?;
+        let _mutating = self.check_writable("mknod")?;
         self.dir_inside(parent).await?;
         self.removes_behind.all_settled().await;
         let perm = (mode & !umask & 0o7777) as u16;
@@ -4231,7 +4283,7 @@ impl<R: Remote> Fs<R> {
     ) -> impl std::future::Future<Output = FsResult<u32>> + Send + 'static {
         let this = self.clone();
         let queued = (|| {
-            self.check_writable("write")?;
+            let _mutating = self.check_writable("write")?;
             let file = self.file(fh)?;
             if let Some(e) = file.never_opened() {
                 // Its create failed: nothing to write to, nothing to charge.

@@ -2150,6 +2150,44 @@ async fn wb_a_failed_write_is_reported_by_fsync_while_a_getattr_waits() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// A downgrade waits for what passed its read-only check before it: a truncate that waits
+/// for the writes before it is counted from its first step, so the downgrade knows it is
+/// still to land; once it has, nothing is on its way and new changes get EROFS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_waits_for_changes_that_passed_the_read_only_check() {
+    let h = Harness::new();
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.plan.hold(ROp::Write);
+    h.fs.write(fh, 0, b"queued").await.unwrap();
+    h.plan.until_held(ROp::Write, 1).await;
+    let truncate = || SetattrRequest {
+        size: Some(2),
+        ..Default::default()
+    };
+    let mut setattr = Box::pin(h.fs.setattr(f, Some(fh), truncate()));
+    assert!(
+        answered_at_once(&mut setattr).is_none(),
+        "the truncate waits for the write"
+    );
+    h.fs.set_read_only();
+    assert!(
+        !h.fs.mutations_settled(Duration::from_millis(50)).await,
+        "the truncate is still on its way"
+    );
+    h.plan.release(ROp::Write);
+    setattr
+        .await
+        .expect("passed its check before the downgrade");
+    assert!(h.fs.mutations_settled(Duration::ZERO).await);
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"qu");
+    assert_errno(
+        h.fs.setattr(f, Some(fh), truncate()).await,
+        libc::EROFS,
+        "after the downgrade",
+    );
+    h.fs.release(fh).await.unwrap();
+}
+
 /// A close, by the opener or by a child that inherited the descriptor and closes its copy at
 /// exec while the owner is between its write and its fsync, does not use the failure up for
 /// the owner's fsync, which reports it with its errno (EFBIG here: the end of the failed write
