@@ -716,6 +716,17 @@ impl<R: Remote> Fs<R> {
 
     /// The size of `ino` for quota accounting: tracked, or asked of the server.
     async fn quota_size(&self, ino: Option<Ino>, path: &Path) -> u64 {
+        // With `follow_symlinks` a link is shown, and its size tracked, as the file it points
+        // to; removing the link frees none of that. Only the server can say which it is.
+        if self.follows_links_under_quota() {
+            match self.remote.lstat(path).await {
+                Ok(a) if a.file_type() != FileKind::File => return 0,
+                Ok(a) if !ino.is_some_and(|i| self.enforcer.quota.knows(i)) => {
+                    return a.size.unwrap_or(0)
+                }
+                _ => {}
+            }
+        }
         // What the mount tracked is used whether or not a limit is set, so usage stays
         // right when a limit is set later; asking the server is only worth it with a limit.
         if let Some(size) = ino.and_then(|i| self.enforcer.quota.size_of(i)) {
@@ -728,6 +739,12 @@ impl<R: Remote> Fs<R> {
             Ok(a) if a.file_type() == FileKind::File => a.size.unwrap_or(0),
             _ => 0,
         }
+    }
+
+    /// A quota is set and links are shown as what they point to: the size the mount
+    /// tracks for a name may be another file's (see [`Fs::quota_size`]).
+    fn follows_links_under_quota(&self) -> bool {
+        self.enforcer.quota.is_limited() && self.config.lock().unwrap().follow_symlinks
     }
 
     pub fn enforcer(&self) -> &Arc<Enforcer> {
@@ -2554,6 +2571,8 @@ impl<R: Remote> Fs<R> {
             return false;
         }
         let size = match self.enforcer.quota.size_of(ino) {
+            // (Whether the name is a followed link only the server can say.)
+            _ if self.follows_links_under_quota() => return false,
             Some(size) => size,
             None if !self.enforcer.quota.is_limited() => 0,
             None => return false,

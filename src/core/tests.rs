@@ -5210,6 +5210,30 @@ async fn quota_a_file_removed_while_open_is_charged_its_growth_until_forgotten()
     }
 }
 
+/// Quota with `follow_symlinks`: a link is shown (and its size tracked) as the file it
+/// points to, but removing the link frees none of that file: nothing is given back. (It
+/// was: a link made, forgotten, looked up again and removed gave its target's size back
+/// each time, a budget without end.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quota_removing_a_followed_link_gives_back_nothing() {
+    let h = Harness::following_symlinks();
+    let quota = &h.fs.enforcer().quota;
+    quota.set_limits(Some(1_000_000), Some(100));
+    std::fs::write(h.disk("big"), vec![7u8; 50_000]).unwrap();
+    for round in 0..3 {
+        std::os::unix::fs::symlink("big", h.disk(format!("l{round}"))).unwrap();
+    }
+    for round in 0..3 {
+        let name = format!("l{round}");
+        let l = h.lookup(ROOT, &name).await;
+        assert_eq!(h.size(l, None).await, 50_000, "shown as its target");
+        h.fs.unlink(ROOT, os(&name)).await.unwrap();
+        assert!(h.disk("big").exists());
+        assert_eq!(quota.usage().bytes, 0, "round {round}: nothing was freed");
+        h.fs.forget(l, 1);
+    }
+}
+
 /// Quota: a create that finds the file already there (put on the server after the kernel's
 /// lookup) made no entry, and charges none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
