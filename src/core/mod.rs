@@ -543,6 +543,15 @@ fn is_valid_listing_name(name: &OsStr) -> bool {
     check_name(name).is_ok() && name != "." && name != ".."
 }
 
+/// Whether threads `a` and `b` (the kernel's request pids are thread ids) belong to one
+/// process, as far as this mount's `/proc` can tell: a close of a descriptor by another
+/// thread of the program that opened it (Go moves goroutines between threads, a thread
+/// pool closes what another opened) is the program's own close, not a child's. Asked only
+/// when a close comes from another thread than the open (one `stat`).
+fn same_process(a: u32, b: u32) -> bool {
+    Path::new(&format!("/proc/{a}/task/{b}")).exists()
+}
+
 /// A mutating operation on its way (see [`Fs::check_writable`]).
 #[must_use = "the operation is counted only while the guard lives"]
 pub struct Mutating<'a> {
@@ -4377,7 +4386,8 @@ impl<R: Remote> Fs<R> {
         if file.flags.write {
             self.written_through_settled(&file).await;
         }
-        let opener = pid == 0 || file.opener == 0 || pid == file.opener;
+        let opener =
+            pid == 0 || file.opener == 0 || pid == file.opener || same_process(pid, file.opener);
         let failure = match opener {
             true => file.tell(Told::Opener, &[Told::Opener, Told::Writes]),
             false => file.tell(Told::Writes, &[Told::Writes]),

@@ -2188,6 +2188,48 @@ async fn a_downgrade_waits_for_changes_that_passed_the_read_only_check() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// A close by another thread of the program that opened the descriptor is the program's own
+/// close: it hears of a failure even after a child closed its inherited copy (at exec) and
+/// was told of it. (Go moves goroutines between threads; a child's exec closes its copies.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_a_close_by_another_thread_of_the_opener_is_the_openers() {
+    let h = Harness::new();
+    // The opener: a thread of this process that stays alive meanwhile.
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let opener = std::thread::spawn(move || {
+        tid_tx.send(nix::unistd::gettid().as_raw() as u32).unwrap();
+        let _ = stop_rx.recv();
+    });
+    let opener_tid = tid_rx.recv().unwrap();
+    let fh = h.create_by(ROOT, "f", opener_tid).await;
+    // A child process (it is not of this program).
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    h.plan.fail_next(ROp::Write, 1, failure("injected"));
+    let _ = h.fs.write(fh, 0, b"lost").await;
+    assert_errno(
+        h.fs.flush_from(fh, child.id()).await,
+        libc::EIO,
+        "the child's close",
+    );
+    let this_thread = nix::unistd::gettid().as_raw() as u32;
+    assert_ne!(this_thread, opener_tid);
+    assert_errno(
+        h.fs.flush_from(fh, this_thread).await,
+        libc::EIO,
+        "the program's close, from another thread",
+    );
+    h.fs.flush_from(fh, this_thread).await.expect("told once");
+    let _ = child.kill();
+    let _ = child.wait();
+    drop(stop_tx);
+    opener.join().unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
 /// A close, by the opener or by a child that inherited the descriptor and closes its copy at
 /// exec while the owner is between its write and its fsync, does not use the failure up for
 /// the owner's fsync, which reports it with its errno (EFBIG here: the end of the failed write
