@@ -883,7 +883,9 @@ impl<R: Remote> Fs<R> {
         let atime =
             SetTime::instead_of(set.atime, a.atime).unwrap_or_else(|| to_system_time(a.atime));
         let kind = a.file_type();
-        let size = a.size.unwrap_or(0);
+        // No file is larger than `i64::MAX`: the kernel takes a larger size for a broken
+        // inode and answers EIO for it from then on. Only a broken or hostile server says so.
+        let size = a.size.unwrap_or(0).min(i64::MAX as u64);
         let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
         if let Some(((ruid, rgid), (luid, lgid))) = self.config.lock().unwrap().idmap {
             if uid == ruid {

@@ -7787,3 +7787,20 @@ async fn times_set_read_back_as_set_while_the_server_keeps_them() {
     let (atime, mtime) = shown(g).await;
     assert!(whole(atime) && whole(mtime), "failed: {atime:?} {mtime:?}");
 }
+
+/// A size past `i64::MAX` (only a broken or hostile server says so) is shown as `i64::MAX`:
+/// the kernel would take the inode for broken and answer EIO for it until it is forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_size_past_the_largest_file_is_shown_as_the_largest() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let huge = crate::remote::Attrs {
+        size: Some(u64::MAX),
+        mode: Some(libc::S_IFREG | 0o644),
+        ..Default::default()
+    };
+    let attr = h.fs.make_attr(f, &huge, None);
+    assert_eq!(attr.size, i64::MAX as u64);
+    assert_eq!(attr.blocks, (i64::MAX as u64).div_ceil(512));
+}
