@@ -279,13 +279,22 @@ struct Client {
 
 impl Client {
     fn new(url: String) -> Client {
+        Client::from_address(url, None)
+    }
+
+    /// A client whose connections come from `local` (another loopback address: another
+    /// delegator, as the executor sees it).
+    fn from_address(url: String, local: Option<std::net::IpAddr>) -> Client {
         Client {
             rt: tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(1)
                 .enable_all()
                 .build()
                 .unwrap(),
-            http: reqwest::Client::new(),
+            http: reqwest::Client::builder()
+                .local_address(local)
+                .build()
+                .unwrap(),
             url,
         }
     }
@@ -1022,6 +1031,165 @@ fn hostile_inputs_are_refused_precisely() {
 }
 
 /// Only listed client addresses get in.
+/// A delegation belongs to the client that invited it: another delegator allowed to use the
+/// executor (here 127.0.0.3, the owner 127.0.0.2) can neither START, cancel, end nor ack it;
+/// the owner can, and so can this machine's operator (127.0.0.1: `awcp-mount cancel`).
+#[test]
+fn only_the_inviting_client_may_act_on_a_delegation() {
+    let sshd = TestSshd::start();
+    let serve = Serve::start(Some(&sshd), "", "", task_policy());
+    let addr = |a: &str| Some(a.parse::<std::net::IpAddr>().unwrap());
+    let owner = Client::from_address(serve.url(), addr("127.0.0.2"));
+    let other = Client::from_address(serve.url(), addr("127.0.0.3"));
+    let operator = Client::new(serve.url());
+    let d = delegation(&sshd, "dlg_owned");
+    let (st, accept) = owner.post(&invite(&d.id, 600, "rw", "true"));
+    assert_eq!(
+        (st, accept["type"].as_str()),
+        (200, Some("ACCEPT")),
+        "{accept}"
+    );
+    let cred = credential(&sshd, serve.base.path());
+    let start = start_msg(
+        &sshd,
+        &d,
+        SystemTime::now() + Duration::from_secs(600),
+        "rw",
+        &cred,
+    );
+    let refused = |(st, v): (u16, Value), what: &str| {
+        assert_eq!(st, 403, "{what}: {v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("was invited by 127.0.0.2"),
+            "{what}: {v}"
+        );
+    };
+    refused(other.post(&start), "START");
+    refused(other.post_path(&format!("/awcp/cancel/{}", d.id)), "cancel");
+    refused(
+        other.post(&json!({"version":"1","type":"ERROR","delegationId":d.id,
+            "code":"CANCELLED","message":"not yours"})),
+        "ERROR",
+    );
+    refused(other.post_path(&format!("/awcp/tasks/{}/ack", d.id)), "ack");
+    let (st, v) = owner.get(&format!("/awcp/tasks/{}/result", d.id));
+    assert_eq!(
+        (st, &v["status"]),
+        (200, &json!("running")),
+        "untouched: {v}"
+    );
+    // The operator of this machine may cancel it; then its owner may ack it.
+    let (st, v) = operator.post_path(&format!("/awcp/cancel/{}", d.id));
+    assert_eq!((st, &v["cancelled"]), (200, &json!(true)), "{v}");
+    refused(other.post_path(&format!("/awcp/tasks/{}/ack", d.id)), "ack");
+    assert_eq!(
+        owner.post_path(&format!("/awcp/tasks/{}/ack", d.id)),
+        (200, json!({"ok": true}))
+    );
+}
+
+/// `max_concurrent` holds at START too: invitations accepted while nothing ran cannot all be
+/// started at once. The START over the limit is refused and the delegation stays pending.
+#[test]
+fn max_concurrent_holds_at_start() {
+    let sshd = TestSshd::start();
+    let serve = Serve::start(Some(&sshd), "", "max_concurrent = 1\n", task_policy());
+    let c = Client::new(serve.url());
+    let a = delegation(&sshd, "dlg_first");
+    let b = delegation(&sshd, "dlg_second");
+    for d in [&a, &b] {
+        let (st, v) = c.post(&invite(&d.id, 600, "rw", "sleep 60"));
+        assert_eq!((st, v["type"].as_str()), (200, Some("ACCEPT")), "{v}");
+    }
+    let cred = credential(&sshd, serve.base.path());
+    let expires = SystemTime::now() + Duration::from_secs(600);
+    let events = c.subscribe(&a.id);
+    assert_eq!(
+        c.post(&start_msg(&sshd, &a, expires, "rw", &cred)),
+        (200, json!({"ok": true}))
+    );
+    let (st, v) = c.post(&start_msg(&sshd, &b, expires, "rw", &cred));
+    assert_eq!(st, 409, "{v}");
+    assert!(
+        v["error"]
+            .as_str()
+            .unwrap()
+            .contains("Maximum concurrent delegations reached"),
+        "{v}"
+    );
+    let (st, v) = c.get(&format!("/awcp/tasks/{}/result", b.id));
+    assert_eq!(
+        (st, &v["status"]),
+        (200, &json!("running")),
+        "still pending: {v}"
+    );
+    let (st, v) = c.post_path(&format!("/awcp/cancel/{}", a.id));
+    assert_eq!((st, &v["cancelled"]), (200, &json!(true)), "{v}");
+    assert_eq!(terminal(&events.until_end(DEADLINE))["type"], "error");
+    c.post_path(&format!("/awcp/cancel/{}", b.id));
+}
+
+/// Finished delegations are kept for their retention, but not without bound: INVITE and
+/// cancel in a loop leaves at most `MAX_FINISHED_KEPT` (256) records in memory and on disk,
+/// the oldest going first.
+#[test]
+fn finished_delegations_kept_are_bounded() {
+    let serve = Serve::start(None, "", "", "");
+    let c = Client::new(serve.url());
+    let n = 260;
+    for i in 0..n {
+        let id = format!("dlg_loop_{i}");
+        let (st, v) = c.post(&invite(&id, 600, "rw", "x"));
+        assert_eq!((st, v["type"].as_str()), (200, Some("ACCEPT")), "{v}");
+        let (st, v) = c.post_path(&format!("/awcp/cancel/{id}"));
+        assert_eq!(st, 200, "{v}");
+    }
+    let kept = fs::read_dir(serve.base.path().join("state/delegations"))
+        .unwrap()
+        .count();
+    assert_eq!(kept, 256, "records on disk");
+    assert_eq!(
+        c.get("/awcp/tasks/dlg_loop_0/result").0,
+        404,
+        "the oldest went"
+    );
+    let (st, v) = c.get(&format!("/awcp/tasks/dlg_loop_{}/result", n - 1));
+    assert_eq!((st, &v["status"]), (200, &json!("error")), "{v}");
+}
+
+/// What a task leaves running in the background (a `sleep &`, a dev server) ends with the
+/// task, also when the task itself ended first: it would keep the workspace busy, and run
+/// on after the delegation as the executor's user.
+#[test]
+fn a_tasks_background_processes_end_with_it() {
+    let sshd = TestSshd::start();
+    let serve = Serve::start(Some(&sshd), "", "", task_policy());
+    let c = Client::new(serve.url());
+    let d = delegation(&sshd, "dlg_background");
+    let prompt = "cd workspace && { sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; } \
+                  && echo started > \"$AWCP_SUMMARY_FILE\"";
+    let (_, events) = delegate(&c, &sshd, &d, "rw", 600, prompt, serve.base.path());
+    let evs = events.until_end(DEADLINE);
+    assert_eq!(terminal(&evs)["type"], "done", "{evs:?}\n{}", serve.log());
+    let pid = fs::read_to_string(d.work.join("bg.pid")).unwrap();
+    let pid = pid.trim();
+    // Gone, or a zombie nobody has reaped yet (a container's init may not).
+    let state = fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit(") ")
+                .next()
+                .map(|r| r.chars().next().unwrap_or('?'))
+        });
+    assert!(
+        matches!(state, None | Some('Z') | Some('X')),
+        "the task's background process {pid} still runs (state {state:?})"
+    );
+}
+
 #[test]
 fn clients_outside_allowed_clients_are_refused() {
     let serve = Serve::start(None, "", "allowed_clients = [\"10.0.0.0/8\"]\n", "");

@@ -233,6 +233,9 @@ fn reply_url_allowed(url: &str, peer: SocketAddr) -> Result<(), String> {
     Ok(())
 }
 
+/// The most of a host's answer to DONE/ERROR that is read.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
+
 /// Send an AWCP message (spec form) to a host's A2A endpoint with `message/send`.
 pub async fn send(url: &str, awcp: Value) -> Result<Value, String> {
     let body = json!({
@@ -241,18 +244,31 @@ pub async fn send(url: &str, awcp: Value) -> Result<Value, String> {
         "method": "message/send",
         "params": {"message": agent_message(awcp)},
     });
+    // No redirects: the URL was checked to be on the INVITE's address, and a 307 would send
+    // the POST, body and all, wherever the delegator's endpoint pointed it.
     let client = reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| e.to_string())?;
-    let resp = client
+    let mut resp = client
         .post(url)
         .json(&body)
         .send()
         .await
         .map_err(|e| format!("{url}: {e}"))?;
     let status = resp.status();
-    let v: Value = resp.json().await.map_err(|e| format!("{url}: {e}"))?;
+    // The answer is read up to a bound: the host's endpoint is the delegator's.
+    let mut text = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+        text.extend_from_slice(&chunk);
+        if text.len() > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "{url}: {status}: an answer of more than {MAX_ANSWER_BYTES} bytes"
+            ));
+        }
+    }
+    let v: Value = serde_json::from_slice(&text).map_err(|e| format!("{url}: {status}: {e}"))?;
     if !status.is_success() || v.get("error").is_some() {
         return Err(format!("{url}: {status}: {}", v["error"]));
     }

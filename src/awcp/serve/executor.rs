@@ -223,6 +223,9 @@ fn refuse(id: &str, code: ErrorCode, message: String, hint: &str) -> Message {
     Message::Error(ErrorMessage::new(id, code, message, Some(hint.to_string())))
 }
 
+/// The most finished delegations kept (see [`Executor::make_room_for_results`]).
+pub const MAX_FINISHED_KEPT: usize = 256;
+
 /// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
 fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
@@ -323,6 +326,7 @@ impl Executor {
                 "Try again later when current tasks complete",
             );
         }
+        self.make_room_for_results();
         let pending = self.count(AssignmentState::Pending);
         if pending >= s.serve.max_pending {
             return refuse(
@@ -417,30 +421,62 @@ impl Executor {
         Ok(())
     }
 
+    /// Whether `peer` may act on the delegation `r` (`what`: START, ERROR, cancel, ack): the
+    /// client that invited it, or this machine's own operator (`awcp-mount cancel` talks to
+    /// 127.0.0.1 or ::1). Another delegator allowed to use this executor must not start,
+    /// cancel or end someone else's delegation (the reference executor let anyone).
+    pub fn may_act(r: &Record, peer: IpAddr, what: &str) -> Result<(), Refusal> {
+        let operator = match peer {
+            IpAddr::V4(a) => a == std::net::Ipv4Addr::LOCALHOST,
+            IpAddr::V6(a) => {
+                a == std::net::Ipv6Addr::LOCALHOST
+                    || a.to_ipv4_mapped() == Some(std::net::Ipv4Addr::LOCALHOST)
+            }
+        };
+        if operator || r.client == peer.to_string() {
+            return Ok(());
+        }
+        tracing::warn!(id = %r.id, %peer, client = %r.client, "{what} refused: not the inviting client");
+        Err(Refusal::new(
+            403,
+            format!(
+                "delegation {} was invited by {}; {what} from {peer} is refused",
+                r.id, r.client
+            ),
+        ))
+    }
+
     /// START: checks, then the supervisor takes over in the background.
-    pub fn start(self: &Arc<Self>, start: Start) -> Result<(), Refusal> {
+    pub fn start(self: &Arc<Self>, start: Start, peer: IpAddr) -> Result<(), Refusal> {
         let id = DelegationId::parse(&start.delegation_id)
             .map_err(|e| Refusal::new(400, format!("delegationId: {e}")))?;
         let d = self
             .get(&id)
             .ok_or_else(|| Refusal::not_found(id.as_str()))?;
         let r = d.snapshot();
-        if r.state != AssignmentState::Pending {
-            return Err(Refusal::new(
+        Self::may_act(&r, peer, "START")?;
+        let not_pending = |state: AssignmentState| {
+            Refusal::new(
                 409,
                 format!(
                     "delegation {id} is {}, not pending: START is not valid now",
-                    r.state.as_str()
+                    state.as_str()
                 ),
-            ));
+            )
+        };
+        if r.state != AssignmentState::Pending {
+            return Err(not_pending(r.state));
         }
         let fail = |code: ErrorCode, message: String, hint: &str| {
-            d.finish(Outcome::Error {
-                code: code.clone(),
-                message: message.clone(),
-                hint: Some(hint.to_string()),
-            });
-            super::mounter::remove_mount_point(&r.mount_point);
+            // (Only while still pending: a START racing this one may have begun the task.)
+            if d.snapshot().state == AssignmentState::Pending {
+                d.finish(Outcome::Error {
+                    code: code.clone(),
+                    message: message.clone(),
+                    hint: Some(hint.to_string()),
+                });
+                super::mounter::remove_mount_point(&r.mount_point);
+            }
             Refusal {
                 status: 400,
                 error: message,
@@ -482,13 +518,30 @@ impl Executor {
         } else {
             r.access
         };
+        // From here on, one START wins: the check of the state and its change are one step
+        // (two STARTs at once both saw it pending; a START racing the reaper brought an
+        // expired delegation back). `max_concurrent` holds for STARTs too, not only INVITEs.
+        let _admission = self.admission.lock().unwrap();
+        let active = self.count(AssignmentState::Active);
+        if active >= self.settings.serve.max_concurrent {
+            return Err(Refusal::new(
+                409,
+                format!(
+                    "Maximum concurrent delegations reached ({active} of {}); the delegation stays pending",
+                    self.settings.serve.max_concurrent
+                ),
+            ));
+        }
         let (tx, rx) = mpsc::unbounded_channel();
-        d.set_control(Some(tx));
-        d.update(|rec| {
-            rec.state = rec
-                .state
-                .on(AssignmentEvent::ReceiveStart)
-                .unwrap_or(AssignmentState::Active);
+        let claimed = d.update(|rec| {
+            let Ok(state) = rec.state.on(AssignmentEvent::ReceiveStart) else {
+                return Err(not_pending(rec.state));
+            };
+            if rec.state != AssignmentState::Pending {
+                return Err(not_pending(rec.state));
+            }
+            d.set_control(Some(tx));
+            rec.state = state;
             rec.access = access;
             rec.started_at = Some(TaskEvent::now());
             rec.expires_at = Some(format_rfc3339(effective));
@@ -499,7 +552,10 @@ impl Executor {
                 handle.endpoint.port,
                 handle.export_locator
             ));
+            Ok(())
         });
+        drop(_admission);
+        claimed?;
         tracing::info!(id = %id, expires = %format_rfc3339(effective), "START accepted");
         let exec = self.clone();
         use tracing::Instrument;
@@ -509,16 +565,22 @@ impl Executor {
     }
 
     /// ERROR from the delegator: abort that delegation.
-    pub fn remote_error(&self, e: ErrorMessage) -> Result<(), Refusal> {
+    pub fn remote_error(&self, e: ErrorMessage, peer: IpAddr) -> Result<(), Refusal> {
         let id = DelegationId::parse(&e.delegation_id)
             .map_err(|x| Refusal::new(400, format!("delegationId: {x}")))?;
+        if let Some(d) = self.get(&id) {
+            Self::may_act(&d.snapshot(), peer, "ERROR")?;
+        }
         let message = format!("cancelled by the delegator: {}: {}", e.code, e.message);
         self.cancel_with(&id, ErrorCode::Cancelled, message)
             .map(|_| ())
     }
 
     /// `POST /cancel/:id`. Ok(false): it had already ended.
-    pub fn cancel(&self, id: &DelegationId) -> Result<bool, Refusal> {
+    pub fn cancel(&self, id: &DelegationId, peer: IpAddr) -> Result<bool, Refusal> {
+        if let Some(d) = self.get(id) {
+            Self::may_act(&d.snapshot(), peer, "cancel")?;
+        }
         self.cancel_with(id, ErrorCode::Cancelled, "Delegation cancelled".into())
     }
 
@@ -592,11 +654,12 @@ impl Executor {
     }
 
     /// `POST /tasks/:id/ack`: forget a finished delegation and release what is left.
-    pub fn ack(&self, id: &DelegationId) -> Result<(), Refusal> {
+    pub fn ack(&self, id: &DelegationId, peer: IpAddr) -> Result<(), Refusal> {
         let Some(d) = self.get(id) else {
             return Ok(());
         };
         let r = d.snapshot();
+        Self::may_act(&r, peer, "ack")?;
         if !r.state.is_terminal() {
             return Err(Refusal::new(
                 409,
@@ -620,6 +683,32 @@ impl Executor {
         self.store.remove(&d.id);
         self.delegations.lock().unwrap().remove(&d.id);
         tracing::info!(id = %d.id, "delegation released");
+    }
+
+    /// Keep at most [`MAX_FINISHED_KEPT`] finished delegations (their results and events,
+    /// prompt included) in memory and in the state directory: past it, the oldest finished
+    /// goes before its retention is over. Without a bound, INVITE-and-cancel in a loop would
+    /// fill both for as long as the retention (7 days by default).
+    fn make_room_for_results(&self) {
+        let mut finished: Vec<(String, Arc<Delegation>)> = self
+            .all()
+            .into_iter()
+            .filter_map(|d| {
+                let r = d.snapshot();
+                r.state
+                    .is_terminal()
+                    .then(|| (r.finished_at.unwrap_or_default(), d))
+            })
+            .collect();
+        if finished.len() < MAX_FINISHED_KEPT {
+            return;
+        }
+        // RFC 3339 times in UTC sort as text.
+        finished.sort_by(|a, b| a.0.cmp(&b.0));
+        for (_, d) in finished.iter().take(finished.len() + 1 - MAX_FINISHED_KEPT) {
+            tracing::info!(id = %d.id, "forgetting a finished delegation early: {MAX_FINISHED_KEPT} are kept at most");
+            self.forget(d);
+        }
     }
 
     /// Housekeeping: pending invitations whose lease would be over, finished results past

@@ -184,7 +184,7 @@ pub fn handle_message(
         // A START whose credential cannot be used ends that delegation (AUTH_FAILED).
         if e.code == ErrorCode::AuthFailed {
             if let Some(id) = &e.delegation_id {
-                exec.fail_pending(id, e.code.clone(), e.to_string());
+                exec.fail_pending(id, e.code.clone(), e.to_string(), peer.ip());
             }
         }
         Refusal {
@@ -199,8 +199,10 @@ pub fn handle_message(
         Message::Invite(i) => {
             Ok(serde_json::to_value(exec.invite(i, peer.ip())).unwrap_or_default())
         }
-        Message::Start(s) => exec.start(s).map(|()| json!({"ok": true})),
-        Message::Error(e) => exec.remote_error(e).map(|()| json!({"ok": true})),
+        Message::Start(s) => exec.start(s, peer.ip()).map(|()| json!({"ok": true})),
+        Message::Error(e) => exec
+            .remote_error(e, peer.ip())
+            .map(|()| json!({"ok": true})),
         Message::Accept(_) | Message::Done(_) => Err(Refusal::new(
             400,
             format!(
@@ -309,23 +311,31 @@ async fn result(State(exec): Exec, Path(id): Path<String>) -> Response {
     reply(200, v)
 }
 
-async fn ack(State(exec): Exec, Path(id): Path<String>) -> Response {
+async fn ack(
+    State(exec): Exec,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+) -> Response {
     let id = match parse_id(&id) {
         Ok(i) => i,
         Err(r) => return refusal(r),
     };
-    match exec.ack(&id) {
+    match exec.ack(&id, peer.ip()) {
         Ok(()) => reply(200, json!({"ok": true})),
         Err(r) => refusal(r),
     }
 }
 
-async fn cancel(State(exec): Exec, Path(id): Path<String>) -> Response {
+async fn cancel(
+    State(exec): Exec,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+) -> Response {
     let id = match parse_id(&id) {
         Ok(i) => i,
         Err(r) => return refusal(r),
     };
-    match exec.cancel(&id) {
+    match exec.cancel(&id, peer.ip()) {
         Ok(cancelled) => reply(200, json!({"ok": true, "cancelled": cancelled})),
         Err(r) => refusal(r),
     }
@@ -450,10 +460,17 @@ async fn agent_card(headers: HeaderMap) -> Response {
 
 impl Executor {
     /// A pending delegation whose START carried an unusable credential ends with `code`.
-    pub fn fail_pending(&self, id: &DelegationId, code: ErrorCode, message: String) {
+    /// (Only from the client that invited it: anyone else's broken START is refused alone.)
+    pub fn fail_pending(
+        &self,
+        id: &DelegationId,
+        code: ErrorCode,
+        message: String,
+        peer: std::net::IpAddr,
+    ) {
         if let Some(d) = self.get(id) {
             let r = d.snapshot();
-            if r.state == AssignmentState::Pending {
+            if r.state == AssignmentState::Pending && Executor::may_act(&r, peer, "START").is_ok() {
                 d.finish(Outcome::Error {
                     code,
                     message,

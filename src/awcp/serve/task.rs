@@ -27,6 +27,10 @@ const PROMPT_ENV_MAX: usize = 100 * 1024;
 
 pub struct RunningTask {
     child: Child,
+    /// The task's process group (its leader's pid): kept, since the child's id is gone once
+    /// the leader has been waited for, and what it left running in the background must
+    /// still be ended.
+    group: Option<nix::unistd::Pid>,
     pub process: Option<ProcRef>,
     tail: Arc<Mutex<Vec<u8>>>,
     readers: Vec<tokio::task::JoinHandle<()>>,
@@ -148,6 +152,7 @@ pub fn spawn(
     }
     let mut child = cmd.spawn()?;
     let process = child.id().and_then(|p| ProcRef::of(p as i32));
+    let group = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
     let tail = Arc::new(Mutex::new(Vec::new()));
     let log = std::fs::File::create(&files.output).ok();
     let log = Arc::new(Mutex::new(log));
@@ -183,6 +188,7 @@ pub fn spawn(
     }
     Ok(RunningTask {
         child,
+        group,
         process,
         tail,
         readers,
@@ -203,20 +209,29 @@ impl RunningTask {
     /// Stop the task and everything it started: SIGTERM to its process group, SIGKILL after
     /// five seconds.
     pub async fn stop(&mut self) {
-        let Some(pid) = self.child.id() else {
+        use nix::sys::signal::{killpg, Signal};
+        let Some(group) = self.group else {
             return;
         };
-        let group = nix::unistd::Pid::from_raw(pid as i32);
-        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGTERM);
+        // Also when the leader has ended by itself: what it started in the background (a
+        // `make &`, a server) is still in its group, running in the mount.
+        let _ = killpg(group, Signal::SIGTERM);
         if tokio::time::timeout(Duration::from_secs(5), self.child.wait())
             .await
             .is_err()
         {
-            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            let _ = killpg(group, Signal::SIGKILL);
             let _ = self.child.wait().await;
         }
-        // Stragglers of the group (they ignored SIGTERM after the leader exited).
-        let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+        // The rest of the group gets a moment to end on SIGTERM, then SIGKILL. (The group
+        // is gone once its last member is: `killpg` with no signal says whether it is.)
+        for _ in 0..20 {
+            if killpg(group, None).is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = killpg(group, Signal::SIGKILL);
         for r in self.readers.drain(..) {
             let _ = tokio::time::timeout(Duration::from_secs(1), r).await;
         }
