@@ -297,7 +297,8 @@ rev=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)
 git -C "$repo" diff --quiet HEAD -- src Cargo.toml Cargo.lock 2>/dev/null || rev+=" with uncommitted changes"
 [[ -n ${AWCP_MOUNT_BIN:-} ]] && rev="not built here ($AWCP_MOUNT_BIN)"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/awcp-bench.XXXXXXXX")
+# (Canonical: mountinfo, which the cleanup compares it with, holds canonical paths.)
+tmp=$(realpath -- "$(mktemp -d "${TMPDIR:-/tmp}/awcp-bench.XXXXXXXX")")
 chmod 0700 "$tmp"
 mkdir "$tmp/ssh" "$tmp/mnt" "$tmp/logs" "$tmp/bin"
 # Run private copies, so a rebuild in the shared target directory during the run (other

@@ -86,7 +86,8 @@ if [[ -z ${AWCP_MOUNT_BIN:-} ]]; then
     header "Building awcp-mount (cargo build --release)"
     (cd "$repo" && cargo build --release --quiet)
 fi
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/awcp-conformance.XXXXXX")
+# (Canonical: mountinfo, which the cleanup compares it with, holds canonical paths.)
+tmp=$(realpath -- "$(mktemp -d "${TMPDIR:-/tmp}/awcp-conformance.XXXXXX")")
 chmod 0711 "$tmp"
 mkdir -p "$tmp/export" "$tmp/mnt" "$logs"
 chmod 0755 "$tmp/export" "$tmp/mnt"

@@ -87,7 +87,8 @@ if [[ -z ${AWCP_MOUNT_BIN:-} ]]; then
 fi
 [[ -x $bin ]] || die "$bin is missing or not executable"
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/awcp-demo.XXXXXXXX")
+# (Canonical: mountinfo, which the cleanup compares it with, holds canonical paths.)
+tmp=$(realpath -- "$(mktemp -d "${TMPDIR:-/tmp}/awcp-demo.XXXXXXXX")")
 chmod 0700 "$tmp"
 mkdir "$tmp/ssh"
 

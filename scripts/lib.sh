@@ -40,7 +40,17 @@ die() {
 
 # /proc/self/mountinfo escapes space, tab, newline and backslash in paths as
 # \040, \011, \012 and \134; undo that.
-unescape_mountinfo() { printf '%b' "$1"; }
+unescape_mountinfo() {
+    # The kernel escapes exactly these four, as backslash and three octal digits; the
+    # backslash goes last, so that an escaped backslash followed by digits stays itself.
+    # (Not printf %b: it reads "\0401", a space followed by 1, as one octal escape.)
+    local s=$1
+    s=${s//\\040/ }
+    s=${s//\\011/$'\t'}
+    s=${s//\\012/$'\n'}
+    s=${s//\\134/\\}
+    printf '%s' "$s"
+}
 
 # Print the mount point of every mount, one a line, unescaped; with an
 # argument, only mounts whose filesystem type equals it (e.g. fuse.awcp).
@@ -63,7 +73,10 @@ list_mounts() {
 
 # True if PATH itself is a mount point.
 is_mounted() {
-    local path=$1 mp
+    # mountinfo holds canonical paths: compare with this one's (a TMPDIR with a trailing
+    # slash or a symlink in it would otherwise never match, and a live mount look gone).
+    local path mp
+    path=$(realpath -m -- "$1")
     while IFS= read -r mp; do
         [[ $mp == "$path" ]] && return 0
     done < <(list_mounts "")
@@ -73,7 +86,9 @@ is_mounted() {
 # True if PATH or anything below it is a mount point. Check this before any
 # recursive delete: `rm -rf` through a live mount would delete remote files.
 has_mount_at_or_below() {
-    local path=${1%/} mp
+    local path mp
+    path=$(realpath -m -- "$1")
+    path=${path%/}
     while IFS= read -r mp; do
         [[ $mp == "$path" || $mp == "$path"/* ]] && return 0
     done < <(list_mounts "")

@@ -73,7 +73,8 @@ trap 'exit 129' HUP
 
 fail() { die "package test: $*"; }
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/awcp-debtest.XXXXXXXX")
+# (Canonical: mountinfo, which the cleanup compares it with, holds canonical paths.)
+tmp=$(realpath -- "$(mktemp -d "${TMPDIR:-/tmp}/awcp-debtest.XXXXXXXX")")
 chmod 0700 "$tmp"
 mkdir "$tmp/ssh" "$tmp/export" "$tmp/deb"
 

@@ -43,7 +43,6 @@ pub fn translate(args: &[String]) -> Result<Vec<String>, String> {
     let usage = "usage: mount.fuse.awcp [USER@]HOST:[DIR] MOUNTPOINT [-sfnv] [-o OPTIONS]";
     let mut positional = Vec::new();
     let mut options: Vec<String> = Vec::new();
-    let mut verbose = false;
     let mut it = args.iter().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -71,8 +70,9 @@ pub fn translate(args: &[String]) -> Result<Vec<String>, String> {
                 for flag in s[1..].chars() {
                     match flag {
                         // sloppy, fake, no-mtab: nothing to do for a FUSE filesystem.
-                        's' | 'f' | 'n' => {}
-                        'v' => verbose = true,
+                        // Verbose: not `-o debug`, which keeps the mount in the foreground,
+                        // and mount(8) would then never return.
+                        's' | 'f' | 'n' | 'v' => {}
                         other => return Err(format!("unknown flag -{other}; {usage}")),
                     }
                 }
@@ -91,10 +91,6 @@ pub fn translate(args: &[String]) -> Result<Vec<String>, String> {
     if !kept.is_empty() {
         out.push("-o".into());
         out.push(kept.join(","));
-    }
-    if verbose {
-        out.push("-o".into());
-        out.push("debug".into());
     }
     Ok(out)
 }
@@ -142,7 +138,9 @@ mod tests {
             "-odefaults",
         ])
         .unwrap();
-        assert_eq!(out, ["awcp-mount", "h:", "/m", "-o", "debug"]);
+        // (-v is not -o debug: that would keep the mount in the foreground, and mount(8)
+        // waiting for it.)
+        assert_eq!(out, ["awcp-mount", "h:", "/m"]);
         assert!(t(&["mount.fuse.awcp", "h:"]).is_err());
         assert!(t(&["mount.fuse.awcp", "h:", "/m", "-z"]).is_err());
         assert!(invoked_as_helper(OsStr::new("/usr/sbin/mount.fuse.awcp")));

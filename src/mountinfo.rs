@@ -26,8 +26,7 @@ impl MountEntry {
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &str) -> OsString {
-    let b = field.as_bytes();
+fn unescape(b: &[u8]) -> OsString {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
@@ -48,22 +47,24 @@ fn unescape(field: &str) -> OsString {
     OsString::from_vec(out)
 }
 
-/// Parse mountinfo text.
-pub fn parse(text: &str) -> Vec<MountEntry> {
+/// Parse mountinfo. Bytes, not text: a mount point's name need not be UTF-8 (any user can
+/// make one with `fusermount3`), and one such name must not make every check fail.
+pub fn parse(text: &[u8]) -> Vec<MountEntry> {
     let mut out = Vec::new();
-    for line in text.lines() {
-        let fields: Vec<&str> = line.split(' ').collect();
-        let Some(sep) = fields.iter().position(|f| *f == "-") else {
+    let lossy = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    for line in text.split(|&c| c == b'\n') {
+        let fields: Vec<&[u8]> = line.split(|&c| c == b' ').collect();
+        let Some(sep) = fields.iter().position(|f| *f == b"-") else {
             continue;
         };
         if fields.len() < 6 || fields.len() < sep + 3 {
             continue;
         }
         out.push(MountEntry {
-            device: fields[2].to_string(),
+            device: lossy(fields[2]),
             mount_point: PathBuf::from(unescape(fields[4])),
-            options: fields[5].to_string(),
-            fstype: fields[sep + 1].to_string(),
+            options: lossy(fields[5]),
+            fstype: lossy(fields[sep + 1]),
             source: unescape(fields[sep + 2]).to_string_lossy().into_owned(),
         });
     }
@@ -72,7 +73,7 @@ pub fn parse(text: &str) -> Vec<MountEntry> {
 
 /// Everything mounted now, as this process sees it.
 pub fn current() -> std::io::Result<Vec<MountEntry>> {
-    Ok(parse(&std::fs::read_to_string("/proc/self/mountinfo")?))
+    Ok(parse(&std::fs::read("/proc/self/mountinfo")?))
 }
 
 /// The mount whose mount point is exactly `path` (the last one, if stacked).
@@ -94,18 +95,30 @@ pub fn has_mounts_under(path: &Path) -> std::io::Result<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
 
     #[test]
     fn parses_fuse_lines_with_escapes() {
         let text = "36 35 98:0 /mnt1 /mnt\\040dir rw,noatime master:1 - fuse.awcp awcp@h:/x rw,user_id=0\n\
                     22 1 0:21 / /proc rw,nosuid - proc proc rw\n";
-        let m = parse(text);
+        let m = parse(text.as_bytes());
         assert_eq!(m.len(), 2);
         assert_eq!(m[0].mount_point, PathBuf::from("/mnt dir"));
         assert!(m[0].is_awcp());
         assert_eq!(m[0].source, "awcp@h:/x");
         assert_eq!(m[0].device, "98:0");
         assert_eq!(m[1].fstype, "proc");
+    }
+
+    /// A mount point whose name is not UTF-8 is read as it is, and the other lines with it.
+    #[test]
+    fn a_mount_point_name_that_is_not_utf8_spoils_nothing() {
+        let mut text = b"40 35 0:50 / /tmp/\xff\xfe rw - fuse.x x rw\n".to_vec();
+        text.extend_from_slice(b"41 35 0:51 / /mnt/a\\0401 rw - fuse.awcp s rw\n");
+        let m = parse(&text);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].mount_point.as_os_str().as_bytes(), b"/tmp/\xff\xfe");
+        assert_eq!(m[1].mount_point, PathBuf::from("/mnt/a 1"));
     }
 
     #[test]

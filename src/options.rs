@@ -118,15 +118,20 @@ const HARMLESS: &[&str] = &[
     "max_read",
     "max_write",
     "blksize",
-    "cache",
-    "cache_timeout",
-    "cache_stat_timeout",
-    "cache_dir_timeout",
     "cache_link_timeout",
     "cache_max_size",
 ];
 
 const KERNEL_FLAGS: &[&str] = &["nodev", "nosuid", "noexec", "noatime", "nodiratime", "sync"];
+
+/// A path as ssh reads it in an option: `~/x` is in the home directory (of `$HOME`, as ssh
+/// and sshfs expand it; the shell does not where `-oIdentityFile=~/...` is one word).
+fn home_path(v: &str) -> PathBuf {
+    match (v.strip_prefix("~/"), std::env::var_os("HOME")) {
+        (Some(rest), Some(home)) => PathBuf::from(home).join(rest),
+        _ => PathBuf::from(v),
+    }
+}
 
 /// A problem with one option, phrased for the person who typed it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -195,12 +200,11 @@ impl MountOptions {
         // ssh_config keywords are case-insensitive.
         match name.to_ascii_lowercase().as_str() {
             "identityfile" => {
-                self.identity_files.push(PathBuf::from(need(name, value)?));
+                self.identity_files.push(home_path(need(name, value)?));
                 return Ok(());
             }
             "certificatefile" => {
-                self.certificate_files
-                    .push(PathBuf::from(need(name, value)?));
+                self.certificate_files.push(home_path(need(name, value)?));
                 return Ok(());
             }
             "port" => {
@@ -227,7 +231,7 @@ impl MountOptions {
                 return Ok(());
             }
             "userknownhostsfile" => {
-                self.user_known_hosts_file = Some(PathBuf::from(need(name, value)?));
+                self.user_known_hosts_file = Some(home_path(need(name, value)?));
                 return Ok(());
             }
             "serveraliveinterval" => {
@@ -261,6 +265,22 @@ impl MountOptions {
             ("dir_cache", Some(v)) => self.dir_cache = Some(parse_bool(name, v)?),
             ("dcache_timeout", Some(v)) => self.dcache_timeout = Some(parse_secs(name, v)?),
             ("dcache_max_size", Some(v)) => self.dcache_max_size = Some(parse_num(name, v)?),
+            // sshfs's own cache switches, onto ours (a later option of ours still wins).
+            ("cache", Some(v)) => {
+                if !parse_bool(name, v)? {
+                    let none = Some(Duration::ZERO);
+                    (self.entry_timeout, self.attr_timeout) = (none, none);
+                    (self.negative_timeout, self.dcache_timeout) = (none, none);
+                    self.dir_cache = Some(false);
+                }
+            }
+            ("cache_timeout", Some(v)) => {
+                let t = Some(parse_secs(name, v)?);
+                (self.entry_timeout, self.attr_timeout) = (t, t);
+                (self.negative_timeout, self.dcache_timeout) = (t, t);
+            }
+            ("cache_stat_timeout", Some(v)) => self.attr_timeout = Some(parse_secs(name, v)?),
+            ("cache_dir_timeout", Some(v)) => self.dcache_timeout = Some(parse_secs(name, v)?),
             ("max_readahead", Some(v)) => self.max_readahead = Some(parse_num(name, v)?),
             ("max_conns", Some(v)) => {
                 let n: usize = parse_num(name, v)?;
@@ -309,7 +329,10 @@ impl MountOptions {
             _ if KERNEL_FLAGS.contains(&name) && value.is_none() => {
                 self.kernel_flags.push(name.to_string())
             }
-            _ if MACOS_ONLY.contains(&name) || HARMLESS.contains(&name) => {
+            // (ssh_config keywords among them are case-insensitive, as ssh has them.)
+            _ if MACOS_ONLY.contains(&name)
+                || HARMLESS.iter().any(|h| h.eq_ignore_ascii_case(name)) =>
+            {
                 self.ignored.push(opt.to_string())
             }
             (
@@ -329,7 +352,8 @@ impl MountOptions {
                 "entry_timeout" | "attr_timeout" | "negative_timeout" | "dir_cache"
                 | "dcache_timeout" | "dcache_max_size" | "max_readahead" | "max_conns" | "idmap"
                 | "fsname" | "subtype" | "symlinks" | "max_bytes" | "max_files" | "grace_seconds"
-                | "mount_root",
+                | "mount_root" | "cache" | "cache_timeout" | "cache_stat_timeout"
+                | "cache_dir_timeout",
                 None,
             ) => return Err(bad(name, format!("needs a value, as in {name}=VALUE"))),
             _ => {
@@ -460,6 +484,43 @@ mod tests {
         assert!(o.reconnect && o.follow_symlinks);
         assert_eq!(o.server_alive_interval, Some(Duration::from_secs(15)));
         assert_eq!(o.ignored, vec!["noappledouble".to_string()]);
+    }
+
+    /// sshfs command lines as people write them: ssh keywords in any case, `~/` in paths
+    /// (expanded as ssh does), and sshfs's cache switches mapped onto ours.
+    #[test]
+    fn sshfs_spellings_are_understood() {
+        let mut o = MountOptions::default();
+        o.apply_list("compression=yes,batchmode=yes,LOGLEVEL=ERROR")
+            .unwrap();
+        assert_eq!(o.ignored.len(), 3);
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        o.apply("IdentityFile=~/.ssh/k").unwrap();
+        o.apply("UserKnownHostsFile=~/kh").unwrap();
+        if let Some(home) = home {
+            assert_eq!(o.identity_files, vec![home.join(".ssh/k")]);
+            assert_eq!(o.user_known_hosts_file, Some(home.join("kh")));
+        }
+        o.apply("cache=no").unwrap();
+        let zero = Some(Duration::ZERO);
+        assert_eq!(
+            (
+                o.entry_timeout,
+                o.attr_timeout,
+                o.negative_timeout,
+                o.dcache_timeout
+            ),
+            (zero, zero, zero, zero)
+        );
+        assert_eq!(o.dir_cache, Some(false));
+        let mut o = MountOptions::default();
+        o.apply_list("cache_timeout=5,cache_stat_timeout=2")
+            .unwrap();
+        let five = Some(Duration::from_secs(5));
+        assert_eq!(o.attr_timeout, Some(Duration::from_secs(2)));
+        assert_eq!((o.entry_timeout, o.dcache_timeout), (five, five));
+        assert!(o.apply("cache=maybe").is_err());
+        assert!(o.apply("cache_timeout").is_err());
     }
 
     #[test]

@@ -78,10 +78,12 @@ pub fn mount_options_at(path: &Path) -> Option<Vec<String>> {
 
 /// Mount points at `dir` or below it (canonical `dir`), in mountinfo order.
 pub fn mount_points_under(dir: &Path) -> Vec<PathBuf> {
+    // mountinfo holds canonical paths (a TMPDIR through a symlink would never match).
+    let dir = dir.canonicalize().unwrap_or_else(|_| dir.to_path_buf());
     mounts()
         .into_iter()
         .map(|m| m.mount_point)
-        .filter(|mp| mp.starts_with(dir))
+        .filter(|mp| mp.starts_with(&dir))
         .collect()
 }
 
