@@ -266,7 +266,7 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         };
         self.spawn("setattr", req, async move {
             match fs.setattr(ino.0, fh.map(|f| f.0), set).await {
-                Ok(a) => reply.attr(&fs.attr_ttl_for(ino.0), &fuse_attr(&a)),
+                Ok(a) => reply.attr(&fs.kernel_attr_ttl(ino.0), &fuse_attr(&a)),
                 Err(e) => reply.error(errno(&e)),
             }
         });

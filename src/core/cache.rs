@@ -218,6 +218,30 @@ impl MetaCache {
         }
     }
 
+    /// How long the cached attributes of `ino` are still good (None: none cached). What the
+    /// kernel is told to keep them for must not be longer: else each answer from the cache
+    /// would start their lifetime again, and a change on the server show later than the TTL.
+    pub fn attrs_left(&self, ino: Ino) -> Option<Duration> {
+        self.attrs
+            .peek(&ino)
+            .map(|(_, until)| until.saturating_duration_since(Instant::now()))
+    }
+
+    /// The cached attributes of `ino` are good until `until` at most (they came from an
+    /// answer older than now: a cached listing, or what a change derived from cached ones).
+    pub fn cap_attrs(&mut self, ino: Ino, until: Instant) {
+        if let Some((_, u)) = self.attrs.peek_mut(&ino) {
+            *u = (*u).min(until);
+        }
+    }
+
+    /// When the cached listing of `dir` was taken (None: none cached): its lifetime is the
+    /// listing TTL from then.
+    pub fn listing_taken(&self, dir: Ino) -> Option<Instant> {
+        let (_, until) = self.dirs.peek(&dir)?;
+        until.checked_sub(self.config.dir_ttl)
+    }
+
     pub fn put_attrs(&mut self, ino: Ino, attrs: CachedAttrs) {
         if self.config.attr_ttl.is_zero() {
             return;

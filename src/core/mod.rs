@@ -126,6 +126,9 @@ pub struct DirItem {
     pub nlink: Option<u32>,
     /// The change clock when the listing was taken (see `MetaCache::changed_since`).
     pub listed_at: u64,
+    /// When the listing was taken (None: not known, as for a listing not kept): a
+    /// readdirplus entry is kept, by the mount and the kernel, for the TTLs from then.
+    pub taken: Option<Instant>,
     /// A special file the mount keeps (see `specials`), not an entry of the server.
     pub local: bool,
 }
@@ -457,7 +460,7 @@ fn manifest_resource_names(text: &[u8]) -> Vec<OsString> {
 
 /// The entries readdir hands out for `listing`: ".", "..", then the listing, each with the
 /// offset of the next one.
-fn dir_items(listing: &[DirEntry], listed_at: u64) -> Vec<DirItem> {
+fn dir_items(listing: &[DirEntry], listed_at: u64, taken: Option<Instant>) -> Vec<DirItem> {
     let dot = |name: &str, next_offset| DirItem {
         name: name.into(),
         kind: FileKind::Dir,
@@ -465,6 +468,7 @@ fn dir_items(listing: &[DirEntry], listed_at: u64) -> Vec<DirItem> {
         attrs: None,
         nlink: None,
         listed_at,
+        taken,
         local: false,
     };
     let mut items = Vec::with_capacity(listing.len() + 2);
@@ -477,6 +481,7 @@ fn dir_items(listing: &[DirEntry], listed_at: u64) -> Vec<DirItem> {
         attrs: Some(e.attrs),
         nlink: e.nlink,
         listed_at,
+        taken,
         local: false,
     }));
     items
@@ -933,7 +938,37 @@ impl<R: Remote> Fs<R> {
         Entry {
             attr,
             entry_ttl: c.entry_ttl,
-            attr_ttl: self.attr_ttl_for(attr.ino),
+            attr_ttl: self.kernel_attr_ttl(attr.ino),
+        }
+    }
+
+    /// An entry answered from a listing taken at `taken` (None: not known): the mount and
+    /// the kernel keep it no longer than the TTLs from then, so a change on the server shows
+    /// within the TTLs of when the listing was taken, not of when it was used.
+    fn entry_from_listing(&self, attr: Attr, taken: Option<Instant>) -> Entry {
+        let Some(taken) = taken else {
+            return self.entry(attr);
+        };
+        let c = self.cache_config();
+        let attrs_until = taken + c.attr_ttl;
+        self.cache.lock().unwrap().cap_attrs(attr.ino, attrs_until);
+        let mut e = self.entry(attr);
+        let now = Instant::now();
+        e.attr_ttl = e.attr_ttl.min(attrs_until.saturating_duration_since(now));
+        e.entry_ttl = e
+            .entry_ttl
+            .min((taken + c.entry_ttl).saturating_duration_since(now));
+        e
+    }
+
+    /// How long the kernel may keep the attributes of `ino` it is given now: the attribute
+    /// TTL ([`Fs::attr_ttl_for`]), and no longer than the mount's cached copy has left (it may
+    /// be an older answer: the kernel's lifetime must not start again with each use of it).
+    pub fn kernel_attr_ttl(&self, ino: Ino) -> Duration {
+        let ttl = self.attr_ttl_for(ino);
+        match self.cache.lock().unwrap().attrs_left(ino) {
+            Some(left) => ttl.min(left),
+            None => ttl,
         }
     }
 
@@ -1669,8 +1704,10 @@ impl<R: Remote> Fs<R> {
             }
             match cache.lookup_in_dir(parent, name) {
                 Some(Some(e)) if listing_answers(&e) => {
+                    let taken = cache.listing_taken(parent);
                     drop(cache);
-                    return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
+                    let attr = self.remember(parent, name, e.attrs, e.nlink, since);
+                    return Ok(self.entry_from_listing(attr, taken));
                 }
                 Some(None) => {
                     return Err(FsError::new(
@@ -1708,7 +1745,9 @@ impl<R: Remote> Fs<R> {
                         ));
                     }
                     Some(e) if listing_answers(e) => {
-                        return Ok(self.entry(self.remember(parent, name, e.attrs, e.nlink, since)));
+                        let taken = self.cache.lock().unwrap().listing_taken(parent);
+                        let attr = self.remember(parent, name, e.attrs, e.nlink, since);
+                        return Ok(self.entry_from_listing(attr, taken));
                     }
                     Some(e) => listed_nlink = e.nlink,
                     _ => {}
@@ -1823,7 +1862,11 @@ impl<R: Remote> Fs<R> {
         self.drain_inode(ino).await;
         let a = self.fetch_attrs(ino).await?;
         let attrs = self.with_pending_size(ino, a.attrs);
-        Ok((self.make_attr(ino, &attrs, a.nlink), ttl))
+        // (Maybe from the cache: then for what its copy has left.)
+        Ok((
+            self.make_attr(ino, &attrs, a.nlink),
+            self.kernel_attr_ttl(ino),
+        ))
     }
 
     /// The open descriptor of `ino` if it has exactly one.
@@ -2124,6 +2167,18 @@ impl<R: Remote> Fs<R> {
                     || (a.file_type() != FileKind::Symlink
                         && kind.is_none_or(|k| k == a.file_type())))
         });
+        // Derived from cached attributes (not from what a creating descriptor holds): the
+        // rest of them is as old as that copy, and kept no longer than it had left (else each
+        // chmod would start the lifetime of a size the server may have changed again).
+        let cached_until = match current {
+            Some(_) => None,
+            None => self
+                .cache
+                .lock()
+                .unwrap()
+                .attrs_left(ino)
+                .map(|left| Instant::now() + left),
+        };
         let known = known_now();
         if let Some(mut attrs) = known {
             self.attrs_changed(ino, None);
@@ -2140,6 +2195,9 @@ impl<R: Remote> Fs<R> {
             }
             let attrs = self.with_pending_size(ino, attrs);
             self.attrs_changed(ino, Some(attrs));
+            if let Some(until) = cached_until {
+                self.cache.lock().unwrap().cap_attrs(ino, until);
+            }
             return Ok(self.make_attr(ino, &attrs, None));
         }
         if let Some(size) = req.size {
@@ -4660,12 +4718,13 @@ impl<R: Remote> Fs<R> {
             }
         };
         let fh = self.alloc_fh();
+        let taken = self.cache.lock().unwrap().listing_taken(ino);
         self.dirs.lock().unwrap().insert(
             fh,
             Arc::new(DirHandle {
                 ino,
                 items: Mutex::new(Arc::new(
-                    self.with_specials(&path, dir_items(&listing, since)),
+                    self.with_specials(&path, dir_items(&listing, since, taken)),
                 )),
                 started: AtomicBool::new(false),
             }),
@@ -4832,8 +4891,9 @@ impl<R: Remote> Fs<R> {
         if dir.started.swap(true, Ordering::Relaxed) && offset == 0 {
             let path = self.path_of(dir.ino)?;
             let (listing, since) = self.list_dir(dir.ino, &path).await?;
+            let taken = self.cache.lock().unwrap().listing_taken(dir.ino);
             *dir.items.lock().unwrap() =
-                Arc::new(self.with_specials(&path, dir_items(&listing, since)));
+                Arc::new(self.with_specials(&path, dir_items(&listing, since, taken)));
         }
         let items = dir.items.lock().unwrap().clone();
         Ok(items.iter().skip(offset as usize).cloned().collect())
@@ -4963,16 +5023,22 @@ impl<R: Remote> Fs<R> {
         // A file with links made on the server, listed before a change that may have gone
         // through another of its names (`shared_data_changed` moves the directory on the
         // change clock): what the listing says of it may be old.
-        let shared_changed = cache::has_other_names(item.nlink, &attrs)
-            && self
-                .cache
-                .lock()
-                .unwrap()
-                .changed_since(parent, item.listed_at);
-        let entry = if attrs.size.is_none() || (follow && is_link) || resource || shared_changed {
+        //
+        // And anything changed through the mount since the directory was opened (its handle
+        // keeps the listing of then): a name made, removed or renamed in it, or a change of
+        // the file itself (an append, a chmod). The lookup answers from what the mount
+        // keeps current, usually without a round trip.
+        let changed = {
+            let held = self.inodes.lock().unwrap().child(parent, &item.name);
+            let cache = self.cache.lock().unwrap();
+            cache.changed_since(parent, item.listed_at)
+                || held.is_some_and(|ino| cache.changed_since(ino, item.listed_at))
+        };
+        let entry = if attrs.size.is_none() || (follow && is_link) || resource || changed {
             self.lookup(parent, &item.name).await?
         } else {
-            self.entry(self.remember(parent, &item.name, attrs, item.nlink, item.listed_at))
+            let attr = self.remember(parent, &item.name, attrs, item.nlink, item.listed_at);
+            self.entry_from_listing(attr, item.taken)
         };
         if entry.attr.kind == FileKind::Dir {
             self.handed_dir(entry.attr.ino, parent);

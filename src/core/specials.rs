@@ -683,6 +683,7 @@ impl<R: Remote> Fs<R> {
             }),
             nlink: Some(a.nlink),
             listed_at,
+            taken: None,
             local: true,
         }));
         for (i, item) in items.iter_mut().enumerate() {

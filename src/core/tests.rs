@@ -7804,3 +7804,84 @@ async fn a_size_past_the_largest_file_is_shown_as_the_largest() {
     assert_eq!(attr.size, i64::MAX as u64);
     assert_eq!(attr.blocks, (i64::MAX as u64).div_ceil(512));
 }
+
+/// A change on the server shows within the TTLs of when the mount learnt what it shows, not
+/// of when it last used it: attributes answered from a cached listing (by a lookup, or a
+/// readdirplus of a directory opened earlier), from the attribute cache (getattr), or derived
+/// from cached ones by a chmod, are kept by the mount and the kernel only for what is left
+/// of their lifetime. (Each use started it again: a listing taken at 0 and used at 19 s kept
+/// its sizes until 39 s, and a chmod every few seconds kept an old size for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_learnt_earlier_is_kept_only_for_what_is_left_of_its_ttl() {
+    let ttl = Duration::from_secs(60);
+    let h = Harness::with(
+        config(CacheConfig {
+            attr_ttl: ttl,
+            entry_ttl: ttl,
+            dir_ttl: ttl,
+            ..long_ttls()
+        }),
+        None,
+    );
+    for name in ["a", "b", "c"] {
+        std::fs::write(h.disk(name), b"x").unwrap();
+    }
+    let gap = Duration::from_millis(50);
+    let left = |since: std::time::Instant| ttl - since.elapsed();
+    // A listing, used later by a lookup and by a readdirplus of the handle opened then.
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let listed = std::time::Instant::now();
+    std::thread::sleep(gap);
+    let bound = left(listed);
+    let e = h.fs.lookup(ROOT, os("a")).await.unwrap();
+    assert!(e.attr_ttl <= bound, "lookup: {:?} > {bound:?}", e.attr_ttl);
+    assert!(e.entry_ttl <= bound, "lookup: name kept {:?}", e.entry_ttl);
+    assert!(
+        h.fs.kernel_attr_ttl(e.attr.ino) <= bound,
+        "the mount's copy"
+    );
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    let b = items.iter().find(|i| i.name == "b").unwrap();
+    let bound = left(listed);
+    let e = h.fs.readdirplus_entry(ROOT, b).await.unwrap();
+    assert!(
+        e.attr_ttl <= bound,
+        "readdirplus: {:?} > {bound:?}",
+        e.attr_ttl
+    );
+    h.fs.releasedir(dh);
+    // A getattr answered from the cache, and a chmod derived from it.
+    let c = e.attr.ino;
+    let learnt = std::time::Instant::now();
+    h.fs.forget(c, 0);
+    let _ = h.fs.getattr(c, None).await.unwrap();
+    std::thread::sleep(gap);
+    let bound = left(learnt);
+    let (_, kept) = h.fs.getattr(c, None).await.unwrap();
+    assert!(
+        kept <= bound,
+        "getattr from the cache: {kept:?} > {bound:?}"
+    );
+    h.fs.setattr(c, None, chmod(0o600)).await.unwrap();
+    let kept = h.fs.kernel_attr_ttl(c);
+    assert!(kept <= left(learnt), "chmod: {kept:?}");
+}
+
+/// A readdirplus of a directory opened before a file in it changed through the mount shows
+/// the file as it is now, not as the listing of then had it (an append, which leaves no
+/// attributes cached).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdirplus_after_a_change_through_the_mount_shows_the_change() {
+    let h = Harness::new();
+    std::fs::write(h.disk("log"), b"one\n").unwrap();
+    let f = h.lookup(ROOT, "log").await;
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let fh = h.open(f, libc::O_WRONLY | libc::O_APPEND).await;
+    h.write(fh, 0, b"two\n").await;
+    h.fs.release(fh).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    let item = items.iter().find(|i| i.name == "log").unwrap();
+    let e = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
+    assert_eq!(e.attr.size, 8, "the size after the append");
+    h.fs.releasedir(dh);
+}
