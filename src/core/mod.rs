@@ -1839,16 +1839,16 @@ impl<R: Remote> Fs<R> {
             // still in flight land first, so the size shown includes them.
             self.ready_behind_writes(&file).await;
             let remote = &self.remote;
+            let since = self.cache.lock().unwrap().now();
             let fstat = self
                 .with_handle(&file, |h| async move { remote.fstat(&h).await })
                 .await;
             return match fstat {
                 Ok(attrs) => {
                     let attrs = self.with_pending_size(ino, attrs);
-                    self.cache
-                        .lock()
-                        .unwrap()
-                        .put_attrs(ino, CachedAttrs { attrs, nlink: None });
+                    // Kept on the usual terms: not if the file changed through the mount
+                    // while the FSTAT was on its way (its answer may predate the change).
+                    self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since);
                     Ok((self.make_attr(ino, &attrs, None), ttl))
                 }
                 Err(RemoteError::StaleHandle) => {

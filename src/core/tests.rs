@@ -7885,3 +7885,27 @@ async fn readdirplus_after_a_change_through_the_mount_shows_the_change() {
     assert_eq!(e.attr.size, 8, "the size after the append");
     h.fs.releasedir(dh);
 }
+
+/// An attribute answer of the server that was on its way while the file changed through the
+/// mount is not kept: a getattr through a descriptor whose FSTAT was answered (by the
+/// server) before a chmod through the path, and arrived after it, must not leave the old
+/// mode cached for the next `stat`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_fstat_answered_before_a_change_is_not_kept_after_it() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    std::fs::set_permissions(h.disk("f"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    // (For writing: a real server handle, not a copy fetched ahead.)
+    let fh = h.open(f, libc::O_RDWR).await;
+    h.plan.hold_replies(ROp::Fstat);
+    let fs = h.fs.clone();
+    let stat = tokio::spawn(async move { fs.getattr(f, Some(fh)).await });
+    h.plan.until_held(ROp::Fstat, 1).await;
+    h.fs.setattr(f, None, chmod(0o600)).await.unwrap();
+    h.plan.release(ROp::Fstat);
+    let _ = stat.await.unwrap().unwrap();
+    let (a, _) = h.fs.getattr(f, None).await.unwrap();
+    assert_eq!(a.perm, 0o600, "the mode after the chmod");
+    h.fs.release(fh).await.unwrap();
+}

@@ -350,7 +350,7 @@ impl FaultPlan {
         self.lock().held.insert(op);
     }
 
-    /// Calls of `op` are performed by the wrapped remote, then their answer waits until
+    /// Calls of `op` (by path or on a handle) are performed by the wrapped remote, then their answer waits until
     /// [`FaultPlan::release`]`(op)`: a server that did it, whose answer is still on its way.
     /// They count for [`FaultPlan::until_held`] as held calls do.
     pub fn hold_replies(&self, op: Op) {
@@ -822,6 +822,7 @@ impl<R: Remote> FaultyRemote<R> {
     {
         let ticket = self.enter(op, Some(handle.generation)).await?;
         let result = call().await;
+        self.plan.pass_reply_hold(op).await;
         if let Some(delay) = self.plan.reply_delay_for(op) {
             tokio::time::sleep(delay).await;
         }
