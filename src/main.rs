@@ -38,11 +38,12 @@ Options for -o (comma-separated, repeatable):
   sshfs:  reconnect  follow_symlinks  max_conns=N (1-10, default 4)  idmap=user|none
           dir_cache=yes|no  dcache_timeout=SECS  dcache_max_size=N  kernel_cache
           max_readahead=BYTES (default 8 MiB)  sync_unlink  sync_create
+          cache=no  cache_timeout=SECS  cache_stat_timeout=SECS  cache_dir_timeout=SECS
   FUSE:   ro  allow_other  allow_root  default_permissions  entry_timeout=SECS
-          attr_timeout=SECS  negative_timeout=SECS  fsname=NAME  subtype=NAME
+          attr_timeout=SECS  negative_timeout=SECS  fsname=NAME  uid=N  gid=N  umask=MODE
           noexec  noatime  sync
-  Accepted and ignored: macOS-only options (noappledouble, volname=, ...) and sshfs
-  tuning options with no effect here (big_writes, transform_symlinks, ...).
+  Accepted and ignored: macOS-only options (noappledouble, volname=, ...), sshfs
+  tuning options with no effect here (big_writes, transform_symlinks, ...) and subtype=.
   Any other option is an error.
 
 Logging: quiet by default; -d, or AWCP_MOUNT_LOG=debug (a tracing filter), for more.";

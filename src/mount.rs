@@ -216,7 +216,9 @@ fn fuse_config(req: &MountRequest, read_only: bool) -> fuser::Config {
     let mut c = fuser::Config::default();
     c.mount_options = vec![
         M::FSName(fsname(req)),
-        M::Subtype(o.subtype.clone().unwrap_or_else(|| "awcp".into())),
+        // Always `fuse.awcp`, as the root path mounts it: `umount`, `status` and
+        // `clean-mounts` know awcp-mount's mounts by that type (`-o subtype=` is ignored).
+        M::Subtype("awcp".into()),
         M::NoDev,
         M::NoSuid,
         if read_only { M::RO } else { M::RW },
@@ -402,6 +404,9 @@ fn run_inner(
         read_only,
         follow_symlinks: req.options.follow_symlinks,
         idmap,
+        shown_uid: req.options.shown_uid,
+        shown_gid: req.options.shown_gid,
+        shown_umask: req.options.shown_umask.unwrap_or(0),
         enforcer: enforcer.clone(),
         sync_unlink: req.options.sync_unlink,
         sync_create: req.options.sync_create,

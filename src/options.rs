@@ -47,9 +47,13 @@ pub struct MountOptions {
     /// Kernel readahead for the mount, in bytes (`max_readahead=`).
     pub max_readahead: Option<u64>,
     pub idmap_user: bool,
+    /// `uid=`, `gid=`, `umask=`: the owner and permission bits shown (libfuse's options,
+    /// which sshfs command lines use).
+    pub shown_uid: Option<u32>,
+    pub shown_gid: Option<u32>,
+    pub shown_umask: Option<u32>,
     pub kernel_cache: bool,
     pub fsname: Option<String>,
-    pub subtype: Option<String>,
     pub debug: bool,
     /// Policy settings restated on the command line (they may only tighten the policy).
     pub symlinks: Option<SymlinkMode>,
@@ -292,6 +296,18 @@ impl MountOptions {
                 }
                 self.max_conns = Some(n);
             }
+            ("uid", Some(v)) => self.shown_uid = Some(parse_num(name, v)?),
+            ("gid", Some(v)) => self.shown_gid = Some(parse_num(name, v)?),
+            ("umask", Some(v)) => {
+                self.shown_umask = Some(
+                    u32::from_str_radix(v, 8)
+                        .ok()
+                        .filter(|m| *m <= 0o7777)
+                        .ok_or_else(|| {
+                            bad(name, format!("'{v}' is not an octal mode such as 022"))
+                        })?,
+                )
+            }
             ("idmap", Some("user")) => self.idmap_user = true,
             ("idmap", Some("none")) => self.idmap_user = false,
             ("idmap", Some(v)) => {
@@ -325,7 +341,8 @@ impl MountOptions {
             ("no_contain_symlinks", None) => {
                 self.symlinks = Some(self.symlinks.unwrap_or(SymlinkMode::Allow))
             }
-            ("subtype", Some(v)) => self.subtype = Some(v.to_string()),
+            // The type stays `fuse.awcp`, which `umount` and `status` know our mounts by.
+            ("subtype", Some(_)) => self.ignored.push(opt.to_string()),
             _ if KERNEL_FLAGS.contains(&name) && value.is_none() => {
                 self.kernel_flags.push(name.to_string())
             }
@@ -353,7 +370,7 @@ impl MountOptions {
                 | "dcache_timeout" | "dcache_max_size" | "max_readahead" | "max_conns" | "idmap"
                 | "fsname" | "subtype" | "symlinks" | "max_bytes" | "max_files" | "grace_seconds"
                 | "mount_root" | "cache" | "cache_timeout" | "cache_stat_timeout"
-                | "cache_dir_timeout",
+                | "cache_dir_timeout" | "uid" | "gid" | "umask",
                 None,
             ) => return Err(bad(name, format!("needs a value, as in {name}=VALUE"))),
             _ => {
@@ -521,6 +538,14 @@ mod tests {
         assert_eq!((o.entry_timeout, o.dcache_timeout), (five, five));
         assert!(o.apply("cache=maybe").is_err());
         assert!(o.apply("cache_timeout").is_err());
+        o.apply_list("uid=1000,gid=100,umask=027").unwrap();
+        assert_eq!(
+            (o.shown_uid, o.shown_gid, o.shown_umask),
+            (Some(1000), Some(100), Some(0o027))
+        );
+        assert!(o.apply("umask=9").is_err());
+        assert!(o.apply("uid=me").is_err());
+        assert!(o.apply("gid").is_err());
     }
 
     #[test]

@@ -181,6 +181,11 @@ pub struct FsConfig {
     pub follow_symlinks: bool,
     /// `idmap=user`: (remote uid, remote gid) shown as (local uid, local gid).
     pub idmap: Option<((u32, u32), (u32, u32))>,
+    /// `uid=N`, `gid=N` (sshfs, from libfuse): every file shown as owned by them.
+    pub shown_uid: Option<u32>,
+    pub shown_gid: Option<u32>,
+    /// `umask=M` (sshfs, from libfuse): permission bits not shown.
+    pub shown_umask: u32,
     /// The live policy: symlink mode and quota.
     pub enforcer: Arc<Enforcer>,
     /// `sync_unlink`: every unlink waits for the server's answer (see `remove_behind`).
@@ -892,14 +897,20 @@ impl<R: Remote> Fs<R> {
         // inode and answers EIO for it from then on. Only a broken or hostile server says so.
         let size = a.size.unwrap_or(0).min(i64::MAX as u64);
         let (mut uid, mut gid) = (a.uid.unwrap_or(0), a.gid.unwrap_or(0));
-        if let Some(((ruid, rgid), (luid, lgid))) = self.config.lock().unwrap().idmap {
-            if uid == ruid {
-                uid = luid;
+        let (shown_uid, shown_gid, umask) = {
+            let config = self.config.lock().unwrap();
+            if let Some(((ruid, rgid), (luid, lgid))) = config.idmap {
+                if uid == ruid {
+                    uid = luid;
+                }
+                if gid == rgid {
+                    gid = lgid;
+                }
             }
-            if gid == rgid {
-                gid = lgid;
-            }
-        }
+            (config.shown_uid, config.shown_gid, config.shown_umask)
+        };
+        uid = shown_uid.unwrap_or(uid);
+        gid = shown_gid.unwrap_or(gid);
         Attr {
             ino,
             size,
@@ -910,7 +921,7 @@ impl<R: Remote> Fs<R> {
             // and setting it changed the status now.)
             ctime: changed.map_or(server_mtime, |c| c.max(server_mtime)),
             kind,
-            perm: (a.mode.unwrap_or(0) & 0o7777) as u16,
+            perm: (a.mode.unwrap_or(0) & 0o7777 & !umask) as u16,
             // SFTP v3 has no link count: the table's (a listing's, kept up to date by links
             // and unlinks through the mount; 0 once the mount removed every name of a file
             // still open, as on a local disk), else 1, which tells find(1) not to use the

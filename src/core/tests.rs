@@ -7909,3 +7909,24 @@ async fn an_fstat_answered_before_a_change_is_not_kept_after_it() {
     assert_eq!(a.perm, 0o600, "the mode after the chmod");
     h.fs.release(fh).await.unwrap();
 }
+
+/// `-o uid=N,gid=N,umask=M` (libfuse's options, on sshfs command lines): every file is shown
+/// with that owner, and without the masked permission bits; the server's are untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shown_owner_and_umask_apply_to_every_file() {
+    let h = Harness::with(
+        FsConfig {
+            shown_uid: Some(4242),
+            shown_gid: Some(4343),
+            shown_umask: 0o027,
+            ..config(long_ttls())
+        },
+        None,
+    );
+    std::fs::write(h.disk("f"), b"x").unwrap();
+    std::fs::set_permissions(h.disk("f"), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let (a, _) = h.fs.getattr(f, None).await.unwrap();
+    assert_eq!((a.uid, a.gid, a.perm), (4242, 4343, 0o640));
+    assert_eq!(h.meta("f").permissions().mode() & 0o777, 0o666);
+}
