@@ -1030,7 +1030,6 @@ fn hostile_inputs_are_refused_precisely() {
     assert_eq!(a["remote_constraints"]["sandbox_profile"]["cwd_only"], true);
 }
 
-/// Only listed client addresses get in.
 /// A delegation belongs to the client that invited it: another delegator allowed to use the
 /// executor (here 127.0.0.3, the owner 127.0.0.2) can neither START, cancel, end nor ack it;
 /// the owner can, and so can this machine's operator (127.0.0.1: `awcp-mount cancel`).
@@ -1190,6 +1189,7 @@ fn a_tasks_background_processes_end_with_it() {
     );
 }
 
+/// Only listed client addresses get in.
 #[test]
 fn clients_outside_allowed_clients_are_refused() {
     let serve = Serve::start(None, "", "allowed_clients = [\"10.0.0.0/8\"]\n", "");

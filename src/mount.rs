@@ -707,12 +707,12 @@ struct MountInfo {
     policy_source: String,
 }
 
-/// Turn the mount read-only now: every mutating operation gets EROFS from this moment, writes
-/// already acknowledged are flushed to the server, and (as root) the kernel mount itself is
-/// remounted `ro` so tools see it in /proc/mounts too.
 /// How long a downgrade waits for operations that passed their read-only check before it.
 const MUTATIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Turn the mount read-only now: every mutating operation gets EROFS from this moment, writes
+/// already acknowledged are flushed to the server, and (as root) the kernel mount itself is
+/// remounted `ro` so tools see it in /proc/mounts too.
 pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<(), String> {
     let first = !fs.is_read_only();
     if first {

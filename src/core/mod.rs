@@ -933,6 +933,26 @@ impl<R: Remote> Fs<R> {
         }
     }
 
+    /// The owner and group a chown sends for a file the server has as `cur`: the ones asked
+    /// for (mapped back under `idmap=user`), and the server's own for the one not asked for:
+    /// not what is shown, which `uid=`/`gid=` may have replaced (`chgrp` under `-o uid=N`
+    /// would send N as the owner).
+    fn owner_to_send(&self, uid: Option<u32>, gid: Option<u32>, cur: &Attrs) -> (u32, u32) {
+        let (ruid, rgid) = self.unmap_ids(uid.unwrap_or(0), gid.unwrap_or(0));
+        (
+            if uid.is_some() {
+                ruid
+            } else {
+                cur.uid.unwrap_or(0)
+            },
+            if gid.is_some() {
+                rgid
+            } else {
+                cur.gid.unwrap_or(0)
+            },
+        )
+    }
+
     /// Map a local uid/gid being set back to the remote one under `idmap=user`.
     fn unmap_ids(&self, uid: u32, gid: u32) -> (u32, u32) {
         match self.config.lock().unwrap().idmap {
@@ -2061,10 +2081,7 @@ impl<R: Remote> Fs<R> {
         };
         if req.uid.is_some() || req.gid.is_some() {
             let cur = current.unwrap_or_default();
-            let cur_attr = self.make_attr(ino, &cur, None);
-            let uid = req.uid.unwrap_or(cur_attr.uid);
-            let gid = req.gid.unwrap_or(cur_attr.gid);
-            set.uid_gid = Some(self.unmap_ids(uid, gid));
+            set.uid_gid = Some(self.owner_to_send(req.uid, req.gid, &cur));
         }
         let times = times_asked(&req);
         if req.atime.is_some() || req.mtime.is_some() {
@@ -2263,8 +2280,7 @@ impl<R: Remote> Fs<R> {
         // it extracts) changes nothing the server could refuse, when no set-id bit is there
         // for it to clear.
         let same_owner = || {
-            let shown = self.make_attr(ino, &attrs, None);
-            let ids = self.unmap_ids(req.uid.unwrap_or(shown.uid), req.gid.unwrap_or(shown.gid));
+            let ids = self.owner_to_send(req.uid, req.gid, &attrs);
             (Some(ids.0), Some(ids.1)) == (attrs.uid, attrs.gid)
                 && attrs.mode.is_some_and(|m| m & 0o6000 == 0)
         };
@@ -2321,17 +2337,7 @@ impl<R: Remote> Fs<R> {
 
     pub async fn readlink(&self, ino: Ino) -> FsResult<PathBuf> {
         let path = self.path_of(ino)?;
-        let cached = self.cache.lock().unwrap().get_link(ino);
-        let target = match cached {
-            Some(t) => t,
-            None => match self.remote.readlink(&path).await {
-                Ok(target) => {
-                    self.cache.lock().unwrap().put_link(ino, target.clone());
-                    target
-                }
-                Err(e) => return Err(self.explain(Op::Readlink, e, &path, None).await),
-            },
-        };
+        let target = self.link_target(ino, &path).await?;
         // Checked on every read, not when cached: the policy may have changed meanwhile.
         // And from every name the link has through the mount (hard links of it): the kernel
         // follows the target from whichever it came through, which it does not say.
@@ -2353,8 +2359,25 @@ impl<R: Remote> Fs<R> {
         {
             return Ok(());
         }
-        let target = self.readlink(ino).await?;
+        // (Where it is now need not be contained: a link made on the server to outside may
+        // be moved, only not to where it escapes.)
+        let target = self.link_target(ino, &self.path_of(ino)?).await?;
         self.check_symlink(to, &target)
+    }
+
+    /// The target of the symlink `ino` (at `path`), cached or asked, before any policy.
+    async fn link_target(&self, ino: Ino, path: &Path) -> FsResult<PathBuf> {
+        let cached = self.cache.lock().unwrap().get_link(ino);
+        match cached {
+            Some(t) => Ok(t),
+            None => match self.remote.readlink(path).await {
+                Ok(target) => {
+                    self.cache.lock().unwrap().put_link(ino, target.clone());
+                    Ok(target)
+                }
+                Err(e) => Err(self.explain(Op::Readlink, e, path, None).await),
+            },
+        }
     }
 
     /// The absolute server paths of `ino`'s names other than `path` (its hard links made
@@ -3066,8 +3089,8 @@ impl<R: Remote> Fs<R> {
         if self.inodes.lock().unwrap().kind(ino) == Some(FileKind::Symlink) {
             // A hard link of a symlink is a symlink with the same target at another depth:
             // `../../x`, contained two levels down, escapes from the top. (Under `deny`,
-            // the readlink refuses.)
-            let target = self.readlink(ino).await?;
+            // any link is refused.)
+            let target = self.link_target(ino, &existing).await?;
             self.check_symlink(&new, &target)?;
         }
         // SFTP v3 has no link counts, so an unlink cannot always tell whether the data lives
@@ -5039,11 +5062,14 @@ impl<R: Remote> Fs<R> {
         // keeps the listing of then): a name made, removed or renamed in it, or a change of
         // the file itself (an append, a chmod). The lookup answers from what the mount
         // keeps current, usually without a round trip.
+        // (Without a listing cache such a lookup is a round trip each: then only names the
+        // mount knows are gone, and files changed themselves, are looked up.)
         let changed = {
             let held = self.inodes.lock().unwrap().child(parent, &item.name);
-            let cache = self.cache.lock().unwrap();
-            cache.changed_since(parent, item.listed_at)
-                || held.is_some_and(|ino| cache.changed_since(ino, item.listed_at))
+            let mut cache = self.cache.lock().unwrap();
+            let names_changed = cache.changed_since(parent, item.listed_at)
+                && (!cache.config().dir_ttl.is_zero() || cache.is_negative(parent, &item.name));
+            names_changed || held.is_some_and(|ino| cache.changed_since(ino, item.listed_at))
         };
         let entry = if attrs.size.is_none() || (follow && is_link) || resource || changed {
             self.lookup(parent, &item.name).await?

@@ -3614,10 +3614,6 @@ async fn follow_symlinks_shows_targets() {
     }
 }
 
-/// A directory the kernel holds (a process's cwd, an open dirfd) keeps its server path; if
-/// someone on the server swaps it for a symlink leading outside the export, every path sent
-/// under it would land outside. Once its last check is past the attribute TTL (zero here),
-/// the server is asked where it resolves first, and nothing is sent through it.
 /// A symlink contained where it is made must stay contained under every name it gets:
 /// `../../x` two levels down escapes from the top. A hard link or a rename that would put it
 /// there is refused, and nothing reaches the server; a link whose directory was moved up
@@ -3637,6 +3633,8 @@ async fn a_contained_symlink_cannot_be_linked_or_moved_to_where_it_escapes() {
     );
     std::fs::create_dir_all(h.disk("a/b")).unwrap();
     std::fs::create_dir_all(h.disk("a/c")).unwrap();
+    // Made on the server, escaping where it is.
+    std::os::unix::fs::symlink("../x", h.disk("up")).unwrap();
     let a = h.lookup(ROOT, "a").await;
     let b = h.lookup(a, "b").await;
     let c = h.lookup(a, "c").await;
@@ -3672,8 +3670,19 @@ async fn a_contained_symlink_cannot_be_linked_or_moved_to_where_it_escapes() {
         libc::EPERM,
         "readlink after the move",
     );
+    // A link escaping where it is may still be moved to where it is contained.
+    let up = h.lookup(ROOT, "up").await;
+    assert_errno(h.fs.readlink(up).await, libc::EPERM, "escaping at the top");
+    h.fs.rename(ROOT, os("up"), a, os("up"), 0)
+        .await
+        .expect("moved to where it is contained");
+    assert_eq!(h.fs.readlink(up).await.unwrap(), Path::new("../x"));
 }
 
+/// A directory the kernel holds (a process's cwd, an open dirfd) keeps its server path; if
+/// someone on the server swaps it for a symlink leading outside the export, every path sent
+/// under it would land outside. Once its last check is past the attribute TTL (zero here),
+/// the server is asked where it resolves first, and nothing is sent through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_directory_swapped_for_a_link_outside_is_refused() {
     let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
@@ -7929,4 +7938,17 @@ async fn shown_owner_and_umask_apply_to_every_file() {
     let (a, _) = h.fs.getattr(f, None).await.unwrap();
     assert_eq!((a.uid, a.gid, a.perm), (4242, 4343, 0o640));
     assert_eq!(h.meta("f").permissions().mode() & 0o777, 0o666);
+    // A chgrp sends the server's own owner with the new group, not the one shown.
+    // (The tests run as root, which may give a file to any group.)
+    let owner = h.meta("f").uid();
+    let chgrp = SetattrRequest {
+        gid: Some(12345),
+        ..Default::default()
+    };
+    h.fs.setattr(f, None, chgrp).await.unwrap();
+    assert_eq!(
+        (h.meta("f").uid(), h.meta("f").gid()),
+        (owner, 12345),
+        "the owner on the server"
+    );
 }

@@ -91,8 +91,18 @@ impl Delegation {
     /// Record the outcome, once: the terminal event, the final state. Returns false if the
     /// delegation had already ended.
     pub fn finish(&self, outcome: Outcome) -> bool {
+        self.finish_when(outcome, |s| !s.is_terminal())
+    }
+
+    /// [`Delegation::finish`] only if it is still pending, checked in the same step: a START
+    /// claiming it meanwhile wins, and its supervisor is told instead.
+    pub fn finish_pending(&self, outcome: Outcome) -> bool {
+        self.finish_when(outcome, |s| s == AssignmentState::Pending)
+    }
+
+    fn finish_when(&self, outcome: Outcome, when: impl FnOnce(AssignmentState) -> bool) -> bool {
         self.update(|r| {
-            if r.state.is_terminal() {
+            if r.state.is_terminal() || !when(r.state) {
                 return false;
             }
             let ev = match &outcome {
@@ -469,12 +479,11 @@ impl Executor {
         }
         let fail = |code: ErrorCode, message: String, hint: &str| {
             // (Only while still pending: a START racing this one may have begun the task.)
-            if d.snapshot().state == AssignmentState::Pending {
-                d.finish(Outcome::Error {
-                    code: code.clone(),
-                    message: message.clone(),
-                    hint: Some(hint.to_string()),
-                });
+            if d.finish_pending(Outcome::Error {
+                code: code.clone(),
+                message: message.clone(),
+                hint: Some(hint.to_string()),
+            }) {
                 super::mounter::remove_mount_point(&r.mount_point);
             }
             Refusal {
@@ -594,17 +603,20 @@ impl Executor {
             .get(id)
             .ok_or_else(|| Refusal::not_found(id.as_str()))?;
         let r = d.snapshot();
-        match r.state {
+        let outcome = || Outcome::Error {
+            code: code.clone(),
+            message: message.clone(),
+            hint: None,
+        };
+        // Pending, and still pending as it ends (a START may claim it in between: then it
+        // is active, and its supervisor is told below).
+        if r.state == AssignmentState::Pending && d.finish_pending(outcome()) {
+            super::mounter::remove_mount_point(&r.mount_point);
+            return Ok(true);
+        }
+        match d.snapshot().state {
             AssignmentState::Completed | AssignmentState::Error => Ok(false),
-            AssignmentState::Pending => {
-                d.finish(Outcome::Error {
-                    code,
-                    message,
-                    hint: None,
-                });
-                super::mounter::remove_mount_point(&r.mount_point);
-                Ok(true)
-            }
+            AssignmentState::Pending => Ok(false),
             AssignmentState::Active => {
                 if !d.send(Control::Cancel {
                     code: code.clone(),
@@ -724,17 +736,18 @@ impl Executor {
                     .unwrap_or_default()
             };
             match r.state {
+                // (Unless a START claimed it just now: `finish_pending` checks again.)
                 AssignmentState::Pending
-                    if age(&r.created_at) > Duration::from_secs(r.ttl_seconds) =>
+                    if age(&r.created_at) > Duration::from_secs(r.ttl_seconds)
+                        && d.finish_pending(Outcome::Error {
+                            code: ErrorCode::Expired,
+                            message: format!(
+                                "no START arrived within the lease TTL ({} s)",
+                                r.ttl_seconds
+                            ),
+                            hint: Some("invite again".into()),
+                        }) =>
                 {
-                    d.finish(Outcome::Error {
-                        code: ErrorCode::Expired,
-                        message: format!(
-                            "no START arrived within the lease TTL ({} s)",
-                            r.ttl_seconds
-                        ),
-                        hint: Some("invite again".into()),
-                    });
                     super::mounter::remove_mount_point(&r.mount_point);
                 }
                 AssignmentState::Completed | AssignmentState::Error

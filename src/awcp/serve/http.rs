@@ -470,14 +470,15 @@ impl Executor {
     ) {
         if let Some(d) = self.get(id) {
             let r = d.snapshot();
-            if r.state == AssignmentState::Pending && Executor::may_act(&r, peer, "START").is_ok() {
-                d.finish(Outcome::Error {
+            if Executor::may_act(&r, peer, "START").is_ok()
+                && d.finish_pending(Outcome::Error {
                     code,
                     message,
                     hint: Some(
                         "send a valid OpenSSH private key and a certificate of that key".into(),
                     ),
-                });
+                })
+            {
                 super::mounter::remove_mount_point(&r.mount_point);
             }
         }
