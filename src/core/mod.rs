@@ -5063,12 +5063,15 @@ impl<R: Remote> Fs<R> {
         // the file itself (an append, a chmod). The lookup answers from what the mount
         // keeps current, usually without a round trip.
         // (Without a listing cache such a lookup is a round trip each: then only names the
-        // mount knows are gone, and files changed themselves, are looked up.)
+        // mount knows are gone, files changed themselves, and files with links made on the
+        // server, as above, are looked up.)
         let changed = {
             let held = self.inodes.lock().unwrap().child(parent, &item.name);
             let mut cache = self.cache.lock().unwrap();
             let names_changed = cache.changed_since(parent, item.listed_at)
-                && (!cache.config().dir_ttl.is_zero() || cache.is_negative(parent, &item.name));
+                && (!cache.config().dir_ttl.is_zero()
+                    || cache::has_other_names(item.nlink, &attrs)
+                    || cache.is_negative(parent, &item.name));
             names_changed || held.is_some_and(|ino| cache.changed_since(ino, item.listed_at))
         };
         let entry = if attrs.size.is_none() || (follow && is_link) || resource || changed {

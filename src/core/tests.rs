@@ -7952,3 +7952,28 @@ async fn shown_owner_and_umask_apply_to_every_file() {
         "the owner on the server"
     );
 }
+
+/// Without a listing cache (`dir_cache=no`), a readdirplus of a directory in which a name
+/// changed since it was opened still looks up a file with links made on the server: the
+/// listing the handle keeps may show it as it was before a write through another name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readdirplus_without_listing_cache_looks_up_a_changed_server_linked_file() {
+    let h = Harness::with(config(long_ttls_listings(false)), None);
+    std::fs::write(h.disk("x"), b"data").unwrap();
+    std::fs::hard_link(h.disk("x"), h.disk("y")).unwrap();
+    let x = h.lookup(ROOT, "x").await;
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    let items = h.fs.readdir(dh, 0).await.unwrap();
+    let fh = h.open(x, libc::O_WRONLY).await;
+    h.write(fh, 0, b"longer data").await;
+    h.fs.release(fh).await.unwrap();
+    // A name made in the directory since it was opened (nothing the mount would look
+    // every entry up again for, without a listing cache).
+    let (_, other) = h.create(ROOT, "other").await;
+    h.fs.release(other).await.unwrap();
+    let item = items.iter().find(|i| i.name == "y").unwrap();
+    assert_eq!(item.nlink, Some(2), "the listing counts y's links");
+    let e = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
+    assert_eq!(e.attr.size, 11, "y, listed before the write through x");
+    h.fs.releasedir(dh);
+}
