@@ -735,20 +735,19 @@ impl<R: Remote> Fs<R> {
 
     /// The size of `ino` for quota accounting: tracked, or asked of the server.
     async fn quota_size(&self, ino: Option<Ino>, path: &Path) -> u64 {
+        let tracked = ino.and_then(|i| self.enforcer.quota.size_of(i));
         // With `follow_symlinks` a link is shown, and its size tracked, as the file it points
         // to; removing the link frees none of that. Only the server can say which it is.
         if self.follows_links_under_quota() {
-            match self.remote.lstat(path).await {
-                Ok(a) if a.file_type() != FileKind::File => return 0,
-                Ok(a) if !ino.is_some_and(|i| self.enforcer.quota.knows(i)) => {
-                    return a.size.unwrap_or(0)
-                }
-                _ => {}
-            }
+            return match self.remote.lstat(path).await {
+                Ok(a) if a.file_type() != FileKind::File => 0,
+                Ok(a) => tracked.unwrap_or(a.size.unwrap_or(0)),
+                Err(_) => tracked.unwrap_or(0),
+            };
         }
         // What the mount tracked is used whether or not a limit is set, so usage stays
         // right when a limit is set later; asking the server is only worth it with a limit.
-        if let Some(size) = ino.and_then(|i| self.enforcer.quota.size_of(i)) {
+        if let Some(size) = tracked {
             return size;
         }
         if !self.enforcer.quota.is_limited() {

@@ -122,18 +122,31 @@ impl Quota {
         }
     }
 
-    /// Set the size of `ino` to `size`, returning the change in bytes charged (weighted by
-    /// its copies). Of a removed file, only the part above what was given back is charged.
-    fn charge_size(s: &mut State, ino: Ino, size: u64) -> i128 {
-        let old = s.sizes.insert(ino, size).unwrap_or(0);
+    /// What setting the size of `ino` to `size` changes: the bytes charged (weighted by its
+    /// copies), and what a removed file's given-back part becomes. Of a removed file, only
+    /// the part above what was given back is charged.
+    fn size_change(s: &State, ino: Ino, size: u64) -> (i128, Option<u64>) {
+        let old = s.sizes.get(&ino).copied().unwrap_or(0);
         let weight = i128::from(Self::weight(s, ino));
-        match s.given_back.get_mut(&ino) {
-            None => (i128::from(size) - i128::from(old)) * weight,
-            Some(given) => {
-                let before = old.saturating_sub(*given);
-                *given = (*given).min(size);
-                (i128::from(size - *given) - i128::from(before)) * weight
+        match s.given_back.get(&ino) {
+            None => ((i128::from(size) - i128::from(old)) * weight, None),
+            Some(&given) => {
+                let before = old.saturating_sub(given);
+                let given = given.min(size);
+                (
+                    (i128::from(size - given) - i128::from(before)) * weight,
+                    Some(given),
+                )
             }
+        }
+    }
+
+    /// Set the size of `ino`, with what [`Quota::size_change`] worked out.
+    fn apply_size(s: &mut State, ino: Ino, size: u64, (delta, given): (i128, Option<u64>)) {
+        s.bytes += delta;
+        s.sizes.insert(ino, size);
+        if let Some(given) = given {
+            s.given_back.insert(ino, given);
         }
     }
 
@@ -175,23 +188,13 @@ impl Quota {
     /// `ino` is being truncated to `size`: reserve the growth or give back the shrink.
     pub fn resize(&self, ino: Ino, size: u64) -> Result<(), OverQuota> {
         let mut s = self.state.lock().unwrap();
-        let old = s.sizes.get(&ino).copied();
-        let old_given = s.given_back.get(&ino).copied();
-        let delta = Self::charge_size(&mut s, ino, size);
-        if let Some(max) = s.max_bytes.filter(|_| delta > 0) {
-            if s.bytes + delta > i128::from(max) {
-                // Undo: the size (and what was given back) as they were.
-                match old {
-                    Some(old) => s.sizes.insert(ino, old),
-                    None => s.sizes.remove(&ino),
-                };
-                if let Some(g) = old_given {
-                    s.given_back.insert(ino, g);
-                }
+        let change = Self::size_change(&s, ino, size);
+        if let Some(max) = s.max_bytes.filter(|_| change.0 > 0) {
+            if s.bytes + change.0 > i128::from(max) {
                 return Err(OverQuota);
             }
         }
-        s.bytes += delta;
+        Self::apply_size(&mut s, ino, size, change);
         Ok(())
     }
 
@@ -199,8 +202,8 @@ impl Quota {
     pub fn unreserve(&self, ino: Ino, old_size: u64) {
         let mut s = self.state.lock().unwrap();
         if s.sizes.contains_key(&ino) {
-            let delta = Self::charge_size(&mut s, ino, old_size);
-            s.bytes += delta;
+            let change = Self::size_change(&s, ino, old_size);
+            Self::apply_size(&mut s, ino, old_size, change);
         }
     }
 
