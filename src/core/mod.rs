@@ -2347,20 +2347,17 @@ impl<R: Remote> Fs<R> {
         Ok(target)
     }
 
-    /// Under `contain`, a symlink moved to `to` must stay contained there: `../../x`, fine
-    /// two levels down, escapes from the top (on the server too, for the lender's tools).
-    /// Links inside a directory moved up are not looked for (SECURITY.md): the kernel
-    /// still gets only targets checked where it reads them.
-    async fn check_moved_symlink(&self, ino: Option<Ino>, to: &Path) -> FsResult<()> {
-        let Some(ino) = ino else { return Ok(()) };
-        if self.enforcer.symlinks() != SymlinkMode::Contain
-            || self.inodes.lock().unwrap().kind(ino) != Some(FileKind::Symlink)
-        {
+    /// If `ino` (at `from`) is a symlink, the symlink policy for it as a link at `to`, where
+    /// a hard link or a rename puts it: `../../x`, contained two levels down, escapes from
+    /// the top (on the server too, for the lender's tools). Where it is now need not be
+    /// contained: a link made on the server to outside may be moved, only not to where it
+    /// escapes. Links inside a directory moved up are not looked for (SECURITY.md): the
+    /// kernel still gets only targets checked where it reads them.
+    async fn check_symlink_put_at(&self, ino: Ino, from: &Path, to: &Path) -> FsResult<()> {
+        if self.inodes.lock().unwrap().kind(ino) != Some(FileKind::Symlink) {
             return Ok(());
         }
-        // (Where it is now need not be contained: a link made on the server to outside may
-        // be moved, only not to where it escapes.)
-        let target = self.link_target(ino, &self.path_of(ino)?).await?;
+        let target = self.link_target(ino, from).await?;
         self.check_symlink(to, &target)
     }
 
@@ -2926,7 +2923,10 @@ impl<R: Remote> Fs<R> {
             }
             return Ok(());
         }
-        self.check_moved_symlink(source_ino, &to).await?;
+        // (Renaming an existing link is not making one: only `contain` looks at it.)
+        if let Some(ino) = source_ino.filter(|_| self.enforcer.symlinks() == SymlinkMode::Contain) {
+            self.check_symlink_put_at(ino, &from, &to).await?;
+        }
         let into_itself = {
             let inodes = self.inodes.lock().unwrap();
             inodes
@@ -3085,13 +3085,8 @@ impl<R: Remote> Fs<R> {
         }
         let existing = self.path_of(ino)?;
         let new = self.child_path(new_parent, new_name)?;
-        if self.inodes.lock().unwrap().kind(ino) == Some(FileKind::Symlink) {
-            // A hard link of a symlink is a symlink with the same target at another depth:
-            // `../../x`, contained two levels down, escapes from the top. (Under `deny`,
-            // any link is refused.)
-            let target = self.link_target(ino, &existing).await?;
-            self.check_symlink(&new, &target)?;
-        }
+        // A hard link of a symlink is a symlink made at `new` (under `deny`: refused).
+        self.check_symlink_put_at(ino, &existing, &new).await?;
         // SFTP v3 has no link counts, so an unlink cannot always tell whether the data lives
         // on under another name: a hard link is charged as a copy (see Quota::reserve_link).
         let size = self.quota_size(Some(ino), &existing).await;
