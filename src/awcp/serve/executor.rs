@@ -73,6 +73,12 @@ impl Delegation {
         self.record.lock().unwrap().clone()
     }
 
+    /// Read part of the record without copying it (a snapshot copies the prompt and every
+    /// event: admission looks at every delegation on each INVITE).
+    pub fn peek<T>(&self, f: impl FnOnce(&Record) -> T) -> T {
+        f(&self.record.lock().unwrap())
+    }
+
     /// Change the record, persist it, wake subscribers.
     pub fn update<T>(&self, f: impl FnOnce(&mut Record) -> T) -> T {
         let mut r = self.record.lock().unwrap();
@@ -266,7 +272,7 @@ impl Executor {
     fn count(&self, state: AssignmentState) -> usize {
         self.all()
             .iter()
-            .filter(|d| d.snapshot().state == state)
+            .filter(|d| d.peek(|r| r.state) == state)
             .count()
     }
 
@@ -543,14 +549,14 @@ impl Executor {
         }
         let (tx, rx) = mpsc::unbounded_channel();
         let claimed = d.update(|rec| {
-            let Ok(state) = rec.state.on(AssignmentEvent::ReceiveStart) else {
-                return Err(not_pending(rec.state));
-            };
             if rec.state != AssignmentState::Pending {
                 return Err(not_pending(rec.state));
             }
             d.set_control(Some(tx));
-            rec.state = state;
+            rec.state = rec
+                .state
+                .on(AssignmentEvent::ReceiveStart)
+                .unwrap_or(AssignmentState::Active);
             rec.access = access;
             rec.started_at = Some(TaskEvent::now());
             rec.expires_at = Some(format_rfc3339(effective));
@@ -706,10 +712,12 @@ impl Executor {
             .all()
             .into_iter()
             .filter_map(|d| {
-                let r = d.snapshot();
-                r.state
-                    .is_terminal()
-                    .then(|| (r.finished_at.unwrap_or_default(), d))
+                let finished = d.peek(|r| {
+                    r.state
+                        .is_terminal()
+                        .then(|| r.finished_at.clone().unwrap_or_default())
+                });
+                finished.map(|at| (at, d))
             })
             .collect();
         if finished.len() < MAX_FINISHED_KEPT {
