@@ -339,6 +339,16 @@ impl Client {
     }
 
     /// Open the SSE stream now; events arrive on the returned channel until the terminal one.
+    /// `POST /awcp/cancel/ID`.
+    fn cancel(&self, id: &str) -> (u16, Value) {
+        self.post_path(&format!("/awcp/cancel/{id}"))
+    }
+
+    /// `GET /awcp/tasks/ID/result`.
+    fn result(&self, id: &str) -> (u16, Value) {
+        self.get(&format!("/awcp/tasks/{id}/result"))
+    }
+
     fn subscribe(&self, id: &str) -> Events {
         let url = format!("{}/awcp/tasks/{id}/events", self.base());
         let (tx, rx) = std::sync::mpsc::channel();
@@ -483,7 +493,7 @@ fn rw_delegation_writes_land_in_the_delegators_directory() {
     );
     // The workspace is unmounted before `done` is sent; the mount point is gone.
     assert!(!is_awcp_mounted(&mp) && !mp.exists());
-    let (st, result) = c.get(&format!("/awcp/tasks/{}/result", d.id));
+    let (st, result) = c.result(&d.id);
     assert_eq!((st, result["status"].as_str()), (200, Some("completed")));
     // A subscriber arriving after the end gets the terminal event again.
     let late = c.subscribe(&d.id).until_end(DEADLINE);
@@ -492,7 +502,7 @@ fn rw_delegation_writes_land_in_the_delegators_directory() {
         c.post_path(&format!("/awcp/tasks/{}/ack", d.id)),
         (200, json!({"ok": true}))
     );
-    assert_eq!(c.get(&format!("/awcp/tasks/{}/result", d.id)).0, 404);
+    assert_eq!(c.result(&d.id).0, 404);
     assert!(!serve
         .base
         .path()
@@ -721,7 +731,7 @@ fn cancel_mid_task_and_delegator_error() {
         serve.log()
     );
     assert_eq!(
-        c.post_path(&format!("/awcp/cancel/{}", d.id)),
+        c.cancel(&d.id),
         (200, json!({"ok": true, "cancelled": true}))
     );
     let evs = events.until_end(DEADLINE);
@@ -733,7 +743,7 @@ fn cancel_mid_task_and_delegator_error() {
         "started\n"
     );
     assert_eq!(
-        c.post_path(&format!("/awcp/cancel/{}", d.id)),
+        c.cancel(&d.id),
         (200, json!({"ok": true, "cancelled": false}))
     );
     let (st, v) = c.post_path("/awcp/cancel/dlg_unknown");
@@ -822,10 +832,7 @@ fn restart_mid_delegation_cleans_up_and_reports() {
     let e = terminal(&evs);
     assert_eq!(e["code"], "TASK_FAILED", "{evs:?}");
     assert!(e["message"].as_str().unwrap().contains("restarted"), "{e}");
-    assert_eq!(
-        c.get(&format!("/awcp/tasks/{}/result", d.id)).1["status"],
-        "error"
-    );
+    assert_eq!(c.result(&d.id).1["status"], "error");
     assert_eq!(
         fs::read_to_string(d.work.join("README.md")).unwrap(),
         "hello from the delegator\n"
@@ -1067,21 +1074,21 @@ fn only_the_inviting_client_may_act_on_a_delegation() {
         );
     };
     refused(other.post(&start), "START");
-    refused(other.post_path(&format!("/awcp/cancel/{}", d.id)), "cancel");
+    refused(other.cancel(&d.id), "cancel");
     refused(
         other.post(&json!({"version":"1","type":"ERROR","delegationId":d.id,
             "code":"CANCELLED","message":"not yours"})),
         "ERROR",
     );
     refused(other.post_path(&format!("/awcp/tasks/{}/ack", d.id)), "ack");
-    let (st, v) = owner.get(&format!("/awcp/tasks/{}/result", d.id));
+    let (st, v) = owner.result(&d.id);
     assert_eq!(
         (st, &v["status"]),
         (200, &json!("running")),
         "untouched: {v}"
     );
     // The operator of this machine may cancel it; then its owner may ack it.
-    let (st, v) = operator.post_path(&format!("/awcp/cancel/{}", d.id));
+    let (st, v) = operator.cancel(&d.id);
     assert_eq!((st, &v["cancelled"]), (200, &json!(true)), "{v}");
     refused(other.post_path(&format!("/awcp/tasks/{}/ack", d.id)), "ack");
     assert_eq!(
@@ -1119,16 +1126,16 @@ fn max_concurrent_holds_at_start() {
             .contains("Maximum concurrent delegations reached"),
         "{v}"
     );
-    let (st, v) = c.get(&format!("/awcp/tasks/{}/result", b.id));
+    let (st, v) = c.result(&b.id);
     assert_eq!(
         (st, &v["status"]),
         (200, &json!("running")),
         "still pending: {v}"
     );
-    let (st, v) = c.post_path(&format!("/awcp/cancel/{}", a.id));
+    let (st, v) = c.cancel(&a.id);
     assert_eq!((st, &v["cancelled"]), (200, &json!(true)), "{v}");
     assert_eq!(terminal(&events.until_end(DEADLINE))["type"], "error");
-    c.post_path(&format!("/awcp/cancel/{}", b.id));
+    c.cancel(&b.id);
 }
 
 /// Finished delegations are kept for their retention, but not without bound: INVITE and
@@ -1143,7 +1150,7 @@ fn finished_delegations_kept_are_bounded() {
         let id = format!("dlg_loop_{i}");
         let (st, v) = c.post(&invite(&id, 600, "rw", "x"));
         assert_eq!((st, v["type"].as_str()), (200, Some("ACCEPT")), "{v}");
-        let (st, v) = c.post_path(&format!("/awcp/cancel/{id}"));
+        let (st, v) = c.cancel(&id);
         assert_eq!(st, 200, "{v}");
     }
     let kept = fs::read_dir(serve.base.path().join("state/delegations"))

@@ -78,6 +78,20 @@ impl Harness {
         Self::with(config(long_ttls()), None)
     }
 
+    /// Under the default policy (`symlinks = "contain"`), with `cache`.
+    fn containing(cache: CacheConfig) -> Self {
+        let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
+            &crate::policy::Policy::default(),
+        ));
+        Self::with(
+            FsConfig {
+                enforcer: contain,
+                ..config(cache)
+            },
+            None,
+        )
+    }
+
     /// Mounted with `follow_symlinks` (a symlink shown as what it points to), long TTLs.
     fn following_symlinks() -> Self {
         Self::with(
@@ -3621,16 +3635,7 @@ async fn follow_symlinks_shows_targets() {
 /// it from whichever it came through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_contained_symlink_cannot_be_linked_or_moved_to_where_it_escapes() {
-    let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
-        &crate::policy::Policy::default(),
-    ));
-    let h = Harness::with(
-        FsConfig {
-            enforcer: contain,
-            ..config(long_ttls())
-        },
-        None,
-    );
+    let h = Harness::containing(long_ttls());
     std::fs::create_dir_all(h.disk("a/b")).unwrap();
     std::fs::create_dir_all(h.disk("a/c")).unwrap();
     // Made on the server, escaping where it is.
@@ -3685,19 +3690,10 @@ async fn a_contained_symlink_cannot_be_linked_or_moved_to_where_it_escapes() {
 /// the server is asked where it resolves first, and nothing is sent through it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_directory_swapped_for_a_link_outside_is_refused() {
-    let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
-        &crate::policy::Policy::default(),
-    ));
-    let h = Harness::with(
-        FsConfig {
-            enforcer: contain,
-            ..config(CacheConfig {
-                attr_ttl: Duration::ZERO,
-                ..long_ttls()
-            })
-        },
-        None,
-    );
+    let h = Harness::containing(CacheConfig {
+        attr_ttl: Duration::ZERO,
+        ..long_ttls()
+    });
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret"), b"outside").unwrap();
     std::fs::create_dir(outside.path().join("sub")).unwrap();
