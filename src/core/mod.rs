@@ -4637,6 +4637,9 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let file = self.file(fh)?;
+        // Before the wait: what is queued behind the writes after it would find the handle
+        // closed (a chmod or times by path then wait for the writes instead).
+        file.refuse_changes_behind();
         // Created early: its outcome first (while the descriptor still shows, so that what
         // waits for the create by inode finds it), and a failure is told below.
         file.handle_version().await;

@@ -4374,6 +4374,67 @@ async fn setattr_by_path_asks_the_attributes_along() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// Times set by path right after a close, as `shutil.copy2` and `cp -p` do: the kernel sends
+/// the RELEASE of the closed descriptor on its own, so they may come while the release waits
+/// for the file's writes. They are not queued behind the writes of a descriptor being
+/// released, whose handle is closed once its writes are in (they would have gone on a closed
+/// handle, or after a chmod by path that showed the old mtime): they wait for the writes and
+/// go by path, and what comes after sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_set_while_the_creating_descriptor_is_released_are_kept() {
+    let h = Harness::new();
+    // An FSETSTAT behind the writes waits here until the handle is closed: what the race
+    // did when the writer task was slower than the release's CLOSE.
+    h.plan.hold(ROp::Fsetstat);
+    let (f, fh) = h.create(ROOT, "f").await;
+    h.plan.hold_replies(ROp::Write);
+    h.write(fh, 0, b"data").await;
+    h.plan.until_held(ROp::Write, 1).await;
+    let release = tokio::spawn({
+        let fs = h.fs.clone();
+        async move { fs.release(fh).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !release.is_finished(),
+        "the release did not wait for the write"
+    );
+    let set_times = tokio::spawn({
+        let fs = h.fs.clone();
+        async move {
+            let times = SetattrRequest {
+                atime: at(1_400_000_000),
+                mtime: at(1_500_000_000),
+                ..Default::default()
+            };
+            fs.setattr(f, None, times).await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.plan.release(ROp::Write);
+    release.await.unwrap().unwrap();
+    assert_eq!(h.open_handles().await, 0, "the handle was not closed");
+    h.plan.release(ROp::Fsetstat);
+    let a = set_times.await.unwrap().unwrap();
+    assert_eq!(secs(a.mtime), 1_500_000_000, "answer");
+    let chmod = SetattrRequest {
+        mode: Some(libc::S_IFREG | 0o640),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(f, None, chmod).await.unwrap();
+    assert_eq!(
+        (a.perm, secs(a.mtime)),
+        (0o640, 1_500_000_000),
+        "chmod's answer"
+    );
+    let disk = h.meta("f");
+    assert_eq!(
+        (disk.mtime(), disk.atime(), disk.mode() & 0o7777, disk.len()),
+        (1_500_000_000, 1_400_000_000, 0o640, 4),
+        "on the server"
+    );
+}
+
 /// The close of an `O_APPEND` descriptor asks no attributes behind its writes (a shell's `>>`
 /// is seldom `stat`ed after; the FSTAT's answer was a tenth of each `echo >> log`): it waits
 /// for the write alone, and a `stat` after it asks the server, which alone knows where the
