@@ -908,6 +908,41 @@ async fn changed_host_key_is_refused() {
     assert_eq!(e.kind(), ConnectErrorKind::HostKeyChanged, "{e}");
 }
 
+/// `StrictHostKeyChecking=no` takes the first connection's host key unchecked, and every
+/// reconnect of the mount must offer that same key: else whoever can break the connection
+/// could answer in the server's place, unchecked, for the rest of the mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchecked_host_key_is_kept_for_reconnects() {
+    let mut sshd = TestSshd::start();
+    let mut cfg = sshd.sftp_config();
+    cfg.host_key_policy = HostKeyPolicy::AcceptAny;
+    cfg.reconnect = ReconnectPolicy {
+        enabled: true,
+        give_up_after: Duration::from_secs(20),
+        ..Default::default()
+    };
+    let r = SftpRemote::connect(cfg).await.unwrap();
+    let file = sshd.export_dir.join("f");
+    std::fs::write(&file, b"data").unwrap();
+    // The same key: reconnected.
+    assert!(sshd.kill_connections() > 0);
+    assert_eq!(r.lstat(&file).await.unwrap().size, Some(4));
+    // Another key at the same address: refused for good.
+    sshd.restart_with_new_host_key();
+    assert!(
+        r.lstat(&file).await.is_err(),
+        "reconnected to another host key"
+    );
+    let state = r.state().borrow().clone();
+    match state {
+        ConnState::Disconnected { reason, retrying } => {
+            assert!(!retrying, "still trying: {reason}");
+            assert!(reason.contains("first connected"), "{reason}");
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_certificate() {
     let sshd = TestSshd::start();

@@ -296,6 +296,21 @@ impl TestSshd {
         self.spawn().expect("restart sshd");
     }
 
+    /// Stop, give the server a new host key, and start it again on the same port: a server
+    /// reinstalled, or someone else answering at its address.
+    pub fn restart_with_new_host_key(&mut self) {
+        self.stop();
+        let host_key = self.dir.path().join("host_ed25519");
+        fs::remove_file(&host_key).unwrap();
+        fs::remove_file(host_key.with_extension("pub")).unwrap();
+        keygen(&host_key, "another-host");
+        self.host_pubkey = fs::read_to_string(host_key.with_extension("pub"))
+            .unwrap()
+            .trim()
+            .to_string();
+        self.spawn().expect("restart sshd");
+    }
+
     /// Sign `<key_path>.pub` with the test CA for `principal`, valid for `validity`
     /// (ssh-keygen `-V` syntax, e.g. `+1h`). Returns the certificate's path.
     pub fn sign_user_cert(&self, principal: &str, validity: &str) -> PathBuf {

@@ -3,7 +3,6 @@
 //! message tells a newcomer what went wrong and what to do.
 
 use std::borrow::Cow;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use russh::client::{self, AuthResult};
@@ -165,9 +164,17 @@ pub(crate) struct HostKeyCheck {
     port: u16,
     policy: HostKeyPolicy,
     refusal: Mutex<Option<ConnectError>>,
-    /// Shared across reconnects so `AcceptAny` warns only once.
-    warned: Arc<AtomicBool>,
+    /// Shared across reconnects (see [`FirstHostKey`]).
+    first_key: Arc<FirstHostKey>,
 }
+
+/// The host key the first connection of a mount accepted without checking it
+/// (`StrictHostKeyChecking=no`): every later connection of the mount (a reconnect, after a
+/// network drop or the server's restart) must offer the same one. Else anyone who can break
+/// the connection could take its place for the rest of the mount, unchecked. (OpenSSH's `no`
+/// writes the first key to `known_hosts` and warns of a changed one; a mount that reconnects
+/// on its own has nobody to warn.)
+pub(crate) type FirstHostKey = Mutex<Option<KeyData>>;
 
 impl HostKeyCheck {
     fn verify(&self, offered: &KeyData) -> Result<(), ConnectError> {
@@ -175,13 +182,28 @@ impl HostKeyCheck {
         let fp = fingerprint(offered);
         match &self.policy {
             HostKeyPolicy::AcceptAny => {
-                if !self.warned.swap(true, Ordering::Relaxed) {
-                    warn!(
-                        "not verifying the host key of {name} (StrictHostKeyChecking=no); \
-                         it offered {fp}"
-                    );
+                let mut first = self.first_key.lock().unwrap();
+                match first.as_ref() {
+                    None => {
+                        warn!(
+                            "not verifying the host key of {name} (StrictHostKeyChecking=no); \
+                             it offered {fp}, which every reconnect of this mount must offer"
+                        );
+                        *first = Some(offered.clone());
+                        Ok(())
+                    }
+                    Some(k) if k == offered => Ok(()),
+                    Some(k) => Err(ConnectError::new(
+                        ConnectErrorKind::HostKeyChanged,
+                        format!(
+                            "the host key of {name} ({fp}) is not the one it offered when this \
+                             mount first connected ({}); refusing to reconnect (someone may be \
+                             intercepting the connection; unmount and mount again to accept \
+                             a new key)",
+                            fingerprint(k)
+                        ),
+                    )),
                 }
-                Ok(())
             }
             HostKeyPolicy::Pinned(keys) => {
                 if keys.iter().any(|k| k.key_data() == offered) {
@@ -352,10 +374,10 @@ fn client_config(cfg: &SshConfig, prefer: &[Algorithm]) -> client::Config {
     }
 }
 
-/// Open and authenticate one SSH connection. `warned` is shared across reconnects.
+/// Open and authenticate one SSH connection. `first_key` is shared across reconnects.
 pub(crate) async fn establish(
     cfg: &SshConfig,
-    warned: &Arc<AtomicBool>,
+    first_key: &Arc<FirstHostKey>,
 ) -> Result<SshHandle, ConnectError> {
     let identity = load_identity(cfg)?;
     let check = Arc::new(HostKeyCheck {
@@ -363,7 +385,7 @@ pub(crate) async fn establish(
         port: cfg.port,
         policy: cfg.host_key_policy.clone(),
         refusal: Mutex::new(None),
-        warned: warned.clone(),
+        first_key: first_key.clone(),
     });
     let config = Arc::new(client_config(cfg, &check.preferred_algorithms()));
     let target = cfg.host_port();

@@ -147,9 +147,9 @@ impl Connection {
     async fn open(
         cfg: &SshConfig,
         generation: u64,
-        warned: &Arc<AtomicBool>,
+        first_key: &Arc<connect::FirstHostKey>,
     ) -> Result<Connection, ConnectError> {
-        let ssh = Arc::new(connect::establish(cfg, warned).await?);
+        let ssh = Arc::new(connect::establish(cfg, first_key).await?);
         let death = DeathSignal::new();
         let n = cfg.max_conns.clamp(1, 10);
         let mut set = tokio::task::JoinSet::new();
@@ -386,7 +386,7 @@ struct Inner {
     current: RwLock<Arc<Connection>>,
     state: watch::Sender<ConnState>,
     next_generation: AtomicU64,
-    warned: Arc<AtomicBool>,
+    first_key: Arc<connect::FirstHostKey>,
     limits: Limits,
     closed: AtomicBool,
 }
@@ -534,7 +534,7 @@ async fn reconnect_loop(weak: Weak<Inner>, reason: String) {
             });
         }
         let generation = inner.next_generation.fetch_add(1, Ordering::Relaxed);
-        match Connection::open(&inner.cfg, generation, &inner.warned).await {
+        match Connection::open(&inner.cfg, generation, &inner.first_key).await {
             Ok(conn) => {
                 if inner.closed.load(Ordering::Relaxed) {
                     return;
@@ -726,8 +726,8 @@ fn perm_attrs(perm: u32) -> SetAttrs {
 impl SftpRemote {
     /// Connect, authenticate and start `cfg.max_conns` SFTP channels.
     pub async fn connect(cfg: SshConfig) -> Result<SftpRemote, ConnectError> {
-        let warned = Arc::new(AtomicBool::new(false));
-        let conn = Connection::open(&cfg, 1, &warned).await?;
+        let first_key = Arc::new(connect::FirstHostKey::default());
+        let conn = Connection::open(&cfg, 1, &first_key).await?;
         let limits = conn.limits;
         let conn = Arc::new(conn);
         let inner = Arc::new(Inner {
@@ -735,7 +735,7 @@ impl SftpRemote {
             current: RwLock::new(conn.clone()),
             state: watch::Sender::new(ConnState::Connected { generation: 1 }),
             next_generation: AtomicU64::new(2),
-            warned,
+            first_key,
             limits,
             closed: AtomicBool::new(false),
         });
