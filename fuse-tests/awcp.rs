@@ -1081,6 +1081,30 @@ fn only_the_inviting_client_may_act_on_a_delegation() {
         "ERROR",
     );
     refused(other.post_path(&format!("/awcp/tasks/{}/ack", d.id)), "ack");
+    // Nor see it: its events, its result, its line in the status.
+    refused(other.result(&d.id), "result");
+    refused(
+        other.req(
+            reqwest::Method::GET,
+            &format!("/awcp/tasks/{}/events", d.id),
+            None,
+        ),
+        "events",
+    );
+    let listed = |c: &Client| {
+        let (st, v) = c.req(reqwest::Method::GET, "/awcp/status", None);
+        assert_eq!(st, 200, "{v}");
+        v["delegations"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["id"] == json!(d.id))
+    };
+    assert!(!listed(&other), "another client sees the delegation");
+    assert!(
+        listed(&owner) && listed(&operator),
+        "its owner and the operator do not"
+    );
     let (st, v) = owner.result(&d.id);
     assert_eq!(
         (st, &v["status"]),

@@ -3008,7 +3008,7 @@ fn check_policy_reports_good_and_bad_files() {
             "create_mountpoint = true\nallowed_access_modes = [\"ro\"]\nsymlinks = \"deny\"\n\
              [quota]\nmax_bytes = 1234\nmax_files = 56\n[lease]\ngrace_seconds = 7\n\
              [cache]\nattr_ttl = 0.5\nentry_ttl = 2\nnegative_ttl = 0\nmax_entries = 100\n\
-             [serve]\nlisten = \"x\"\n[task]\nanything = 1\n",
+             [serve]\nmax_concurrent = 3\n[task]\ntimeout_seconds = 60\n",
         ),
     );
     let (st, out, err) = run_bin(&[OsString::from("check-policy"), good.clone().into()]);
@@ -3024,6 +3024,7 @@ fn check_policy_reports_good_and_bad_files() {
         "attr_ttl = 0.5".into(),
         "entry_ttl = 2".into(),
         "max_entries = 100".into(),
+        "[serve] and [task] (for `awcp-mount serve`): OK".into(),
         "OK".into(),
     ] {
         assert!(
@@ -3072,6 +3073,23 @@ fn check_policy_reports_good_and_bad_files() {
                 "{what}: no line {line}: {err}"
             );
         }
+    }
+    // The executor's tables are checked as `serve` reads them.
+    for (table, text, key) in [
+        ("serve", "[serve]\nmax_concurent = 3\n", "max_concurent"),
+        (
+            "task",
+            "[task]\ntimeout_seconds = \"1h\"\n",
+            "timeout_seconds",
+        ),
+    ] {
+        let f = s.write(&format!("bad-{table}.toml"), &policy_text(&s.path, text));
+        let (st, _, err) = run_bin(&[OsString::from("check-policy"), f.into()]);
+        assert_eq!(st.code(), Some(1), "[{table}]: {st}: {err}");
+        assert!(
+            err.contains(&format!("[{table}]")) && err.contains(key),
+            "[{table}]: {err}"
+        );
     }
     let missing = s.join("missing.toml");
     let (st, _, err) = run_bin(&[OsString::from("check-policy"), missing.clone().into()]);

@@ -36,14 +36,15 @@ Options for -o (comma-separated, repeatable):
           StrictHostKeyChecking=yes|no  UserKnownHostsFile=PATH  ConnectTimeout=SECS
           ServerAliveInterval=SECS  ServerAliveCountMax=N
   sshfs:  reconnect  follow_symlinks  max_conns=N (1-10, default 4)  idmap=user|none
-          dir_cache=yes|no  dcache_timeout=SECS  dcache_max_size=N  kernel_cache
+          dir_cache=yes|no  dcache_timeout=SECS  dcache_max_size=N
           max_readahead=BYTES (default 8 MiB)  sync_unlink  sync_create
           cache=no  cache_timeout=SECS  cache_stat_timeout=SECS  cache_dir_timeout=SECS
   FUSE:   ro  allow_other  allow_root  default_permissions  entry_timeout=SECS
           attr_timeout=SECS  negative_timeout=SECS  fsname=NAME  uid=N  gid=N  umask=MODE
           noexec  noatime  sync
   Accepted and ignored: macOS-only options (noappledouble, volname=, ...), sshfs
-  tuning options with no effect here (big_writes, transform_symlinks, ...) and subtype=.
+  tuning options with no effect here (big_writes, kernel_cache, transform_symlinks, ...)
+  and subtype=.
   Any other option is an error.
 
 Logging: quiet by default; -d, or AWCP_MOUNT_LOG=debug (a tracing filter), for more.";
@@ -356,7 +357,13 @@ fn mount_command(cli: Cli) -> Result<(), String> {
 fn check_policy(file: Option<PathBuf>) -> Result<(), String> {
     let path = file.unwrap_or_else(|| PathBuf::from(awcp_mount::policy::DEFAULT_POLICY_PATH));
     let policy = Policy::load(Some(&path)).map_err(|e| e.0)?;
+    // The executor's tables too, as `serve` reads them: a typo there would pass here and
+    // stop the endpoint at its start.
+    awcp_mount::awcp::serve::config::load(&policy.serve, &policy.task, &policy.source)?;
     write_stdout(policy.to_string().as_bytes());
+    if !policy.serve.is_empty() || !policy.task.is_empty() {
+        outln!("# [serve] and [task] (for `awcp-mount serve`): OK");
+    }
     outln!("# {}: OK", path.display());
     // Valid as a file, but no mount can be made until the root exists (it may be a policy
     // prepared ahead of it): said, not refused.

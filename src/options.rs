@@ -52,7 +52,6 @@ pub struct MountOptions {
     pub shown_uid: Option<u32>,
     pub shown_gid: Option<u32>,
     pub shown_umask: Option<u32>,
-    pub kernel_cache: bool,
     pub fsname: Option<String>,
     pub debug: bool,
     /// Policy settings restated on the command line (they may only tighten the policy).
@@ -91,6 +90,10 @@ const HARMLESS: &[&str] = &[
     "transform_symlinks",
     "big_writes",
     "large_read",
+    // The page cache of a file is kept at open whenever the file is unchanged on the
+    // server (KEEP_CACHE), which is what `kernel_cache` asks for, without its risk of
+    // stale pages after a change on the server.
+    "kernel_cache",
     "workaround",
     "sshfs_sync",
     "no_readahead",
@@ -261,7 +264,6 @@ impl MountOptions {
             ("allow_other", None) => self.allow_other = true,
             ("allow_root", None) => self.allow_root = true,
             ("default_permissions", None) => self.default_permissions = true,
-            ("kernel_cache", None) => self.kernel_cache = true,
             ("debug", None) => self.debug = true,
             ("entry_timeout", Some(v)) => self.entry_timeout = Some(parse_secs(name, v)?),
             ("attr_timeout", Some(v)) => self.attr_timeout = Some(parse_secs(name, v)?),
@@ -361,7 +363,6 @@ impl MountOptions {
                 | "allow_other"
                 | "allow_root"
                 | "default_permissions"
-                | "kernel_cache"
                 | "debug",
                 Some(_),
             ) => return Err(bad(name, "takes no value")),

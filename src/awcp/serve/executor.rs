@@ -437,11 +437,9 @@ impl Executor {
         Ok(())
     }
 
-    /// Whether `peer` may act on the delegation `r` (`what`: START, ERROR, cancel, ack): the
-    /// client that invited it, or this machine's own operator (`awcp-mount cancel` talks to
-    /// 127.0.0.1 or ::1). Another delegator allowed to use this executor must not start,
-    /// cancel or end someone else's delegation (the reference executor let anyone).
-    pub fn may_act(r: &Record, peer: IpAddr, what: &str) -> Result<(), Refusal> {
+    /// Whether `peer` is the client that invited the delegation `r`, or this machine's
+    /// operator (127.0.0.1 or ::1): who may see its events, result and status.
+    pub fn may_see(r: &Record, peer: IpAddr) -> bool {
         let operator = match peer {
             IpAddr::V4(a) => a == std::net::Ipv4Addr::LOCALHOST,
             IpAddr::V6(a) => {
@@ -449,7 +447,15 @@ impl Executor {
                     || a.to_ipv4_mapped() == Some(std::net::Ipv4Addr::LOCALHOST)
             }
         };
-        if operator || r.client == peer.to_string() {
+        operator || r.client == peer.to_string()
+    }
+
+    /// Whether `peer` may act on the delegation `r` (`what`: START, ERROR, cancel, ack): the
+    /// client that invited it, or this machine's own operator (`awcp-mount cancel` talks to
+    /// 127.0.0.1 or ::1). Another delegator allowed to use this executor must not start,
+    /// cancel or end someone else's delegation (the reference executor let anyone).
+    pub fn may_act(r: &Record, peer: IpAddr, what: &str) -> Result<(), Refusal> {
+        if Self::may_see(r, peer) {
             return Ok(());
         }
         tracing::warn!(id = %r.id, %peer, client = %r.client, "{what} refused: not the inviting client");

@@ -219,11 +219,21 @@ fn sse_event(e: &TaskEvent) -> Event {
 
 /// `GET /awcp/tasks/:id/events`: everything buffered, then live events, ending after the
 /// terminal one. An unknown id gets one `error` event with `NOT_FOUND`.
-async fn events(State(exec): Exec, Path(id): Path<String>) -> Response {
+async fn events(
+    State(exec): Exec,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+) -> Response {
     let keep = KeepAlive::new()
         .interval(Duration::from_secs(30))
         .text("keepalive");
     let d = DelegationId::parse(&id).ok().and_then(|i| exec.get(&i));
+    if let Some(d) = &d {
+        // A task's progress and output are its delegator's (and the operator's) only.
+        if let Err(r) = Executor::may_act(&d.snapshot(), peer.ip(), "events") {
+            return refusal(r);
+        }
+    }
     let Some(d) = d else {
         let e = TaskEvent::error(
             &id,
@@ -273,12 +283,19 @@ fn event_stream(d: Arc<Delegation>) -> impl futures_util::Stream<Item = Result<E
 }
 
 /// `GET /awcp/tasks/:id/result`.
-async fn result(State(exec): Exec, Path(id): Path<String>) -> Response {
+async fn result(
+    State(exec): Exec,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+) -> Response {
     let d = DelegationId::parse(&id).ok().and_then(|i| exec.get(&i));
     let Some(d) = d else {
         return reply(404, json!({"status": "not_found"}));
     };
     let r = d.snapshot();
+    if let Err(refused) = Executor::may_act(&r, peer.ip(), "result") {
+        return refusal(refused);
+    }
     let mut v = match (&r.state, &r.outcome) {
         (
             _,
@@ -390,10 +407,15 @@ async fn done(
 }
 
 /// `GET /awcp/status`: the reference's counters and list, each delegation with its state,
-/// mount point, access, lease and quota use.
-async fn status(State(exec): Exec) -> Response {
+/// mount point, access, lease and quota use. A delegator sees its own delegations only;
+/// this machine's operator (127.0.0.1, ::1) sees all.
+async fn status(State(exec): Exec, ConnectInfo(peer): ConnectInfo<SocketAddr>) -> Response {
     let all = exec.all();
-    let records: Vec<_> = all.iter().map(|d| d.snapshot()).collect();
+    let records: Vec<_> = all
+        .iter()
+        .map(|d| d.snapshot())
+        .filter(|r| Executor::may_see(r, peer.ip()))
+        .collect();
     let count = |s: AssignmentState| records.iter().filter(|r| r.state == s).count();
     let mut list = Vec::new();
     for r in &records {
