@@ -42,6 +42,17 @@ struct Serve {
 impl Serve {
     /// `extra` is appended to the policy; `[serve]`/`[task]` keys go in `serve_keys`/`task_keys`.
     fn start(sshd: Option<&TestSshd>, top: &str, serve_keys: &str, task_keys: &str) -> Serve {
+        Serve::start_with_grace(sshd, top, serve_keys, task_keys, 2)
+    }
+
+    /// [`Serve::start`] with `[lease] grace_seconds = grace`.
+    fn start_with_grace(
+        sshd: Option<&TestSshd>,
+        top: &str,
+        serve_keys: &str,
+        task_keys: &str,
+        grace: u32,
+    ) -> Serve {
         let base = tempfile::Builder::new()
             .prefix("awcp-serve-")
             .tempdir()
@@ -61,7 +72,7 @@ impl Serve {
         fs::write(
             &policy,
             format!(
-                "mount_root = {:?}\n{top}\n[lease]\ngrace_seconds = 2\n[serve]\nstate_dir = {:?}\nmax_body_bytes = 65536\n{known}{serve_keys}\n[task]\n{task_keys}\n",
+                "mount_root = {:?}\n{top}\n[lease]\ngrace_seconds = {grace}\n[serve]\nstate_dir = {:?}\nmax_body_bytes = 65536\n{known}{serve_keys}\n[task]\n{task_keys}\n",
                 b.join("mounts").display().to_string(),
                 b.join("state").display().to_string(),
             ),
@@ -672,7 +683,9 @@ fn ro_lease_cannot_write_and_quota_failures_are_reported() {
 #[test]
 fn lease_expiry_turns_read_only_and_ends_with_expired() {
     let sshd = TestSshd::start();
-    let serve = Serve::start(Some(&sshd), "", "", task_policy());
+    // The grace period is the task's time, after the expiry, to try both writes and say so:
+    // ample, so that slow process starts on a loaded machine do not cut it short.
+    let serve = Serve::start_with_grace(Some(&sshd), "", "", task_policy(), 10);
     let c = Client::new(serve.url());
     let d = delegation(&sshd, "dlg_lease");
     // Both ways a write is refused: through a descriptor opened before the expiry (the
@@ -683,7 +696,7 @@ fn lease_expiry_turns_read_only_and_ends_with_expired() {
                   while /bin/echo x >&3; do sleep 0.2; done; echo FD-REFUSED; \
                   while /bin/echo x >> b.txt; do sleep 0.2; done; echo WRITES-REFUSED; sleep 300";
     // A lease long enough for the mount and the task's first write even when setting them up
-    // stalls for seconds; the end comes after it plus the grace period (2 s).
+    // stalls for seconds; the end comes after it plus the grace period (10 s).
     let (_, events) = delegate(&c, &sshd, &d, "rw", 20, prompt, serve.base.path());
     let evs = events.until_end(Duration::from_secs(60));
     let e = terminal(&evs);

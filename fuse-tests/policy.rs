@@ -1658,7 +1658,9 @@ fn lease_expiry_writes_back_pages_dirtied_through_mmap_first() {
     const LEN: usize = 3 * 4096;
     let sshd = TestSshd::start();
     fs::write(sshd.export_dir.join("map.bin"), vec![0u8; LEN]).unwrap();
-    let expires = SystemTime::now() + Duration::from_secs(10);
+    // Long enough for the mount, the open and the mapping's writes on a loaded machine (as
+    // `lease_expiry_during_a_running_write` has it): they must come before the expiry.
+    let expires = SystemTime::now() + Duration::from_secs(20);
     let at = awcp_mount::policy::lease::format_rfc3339(expires);
     let m = try_mount(
         &sshd,

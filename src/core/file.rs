@@ -265,6 +265,16 @@ impl<R: Remote> WriteStream<R> {
         sent
     }
 
+    /// Queue a barrier for the writer task if it runs (checked and sent under one lock: a
+    /// barrier must never start a task, which, on a stream whose last descriptor has just
+    /// stopped it, nothing would ever stop again). Whether it was queued.
+    fn barrier_if_running(&self, done: oneshot::Sender<()>) -> bool {
+        let writer = self.writer.lock().unwrap();
+        writer
+            .as_ref()
+            .is_some_and(|tx| tx.send(WriteJob::Barrier { done }).is_ok())
+    }
+
     /// No descriptor of the file is open any more: let the writer task end once it has
     /// written what is queued (a later open starts a new one).
     pub fn stop(&self) {
@@ -814,6 +824,13 @@ impl<R: Remote> OpenFile<R> {
         self.stream.submit(fs, job)
     }
 
+    /// Whether a mode or times were ever queued behind this descriptor's writes (while
+    /// writes are pending, they may still be on their way).
+    pub fn changes_queued_behind(&self) -> bool {
+        self.mode_changed_behind.load(Ordering::Acquire)
+            || self.times_set_behind.load(Ordering::Acquire)
+    }
+
     /// Whether this descriptor's writes may be striped over lanes.
     fn may_stripe(&self) -> bool {
         self.flags.write
@@ -1042,7 +1059,7 @@ impl<R: Remote> OpenFile<R> {
 
     /// Wait until every write of the file queued so far (through any descriptor) has been
     /// answered: their failures are latched by then, for whoever [`OpenFile::tell`]s them.
-    pub async fn settle(self: &Arc<Self>, fs: &Arc<Fs<R>>) {
+    pub async fn settle(&self) {
         // Nothing queued, in flight or lost: every answer is in and its failure latched
         // (a job stays counted in `queued` until its chunks hold window permits, and an
         // answer latches its failure, or keeps the write to send again, before it lets go of
@@ -1052,12 +1069,9 @@ impl<R: Remote> OpenFile<R> {
         if !self.stream.pending() {
             return;
         }
-        let has_writer = self.stream.writer.lock().unwrap().is_some();
-        if has_writer {
-            let (done, rx) = oneshot::channel();
-            if self.stream.submit(fs, WriteJob::Barrier { done }) {
-                let _ = rx.await;
-            }
+        let (done, rx) = oneshot::channel();
+        if self.stream.barrier_if_running(done) {
+            let _ = rx.await;
         }
     }
 

@@ -1695,10 +1695,19 @@ impl<R: Remote> Fs<R> {
             .unwrap_or(Duration::ZERO)
     }
 
-    async fn lookup_name(&self, parent: Ino, name: &OsStr) -> FsResult<Entry> {
+    async fn lookup_name(self: &Arc<Self>, parent: Ino, name: &OsStr) -> FsResult<Entry> {
         // A create of this name answered early: the server has the file, and its attributes
         // are the server's, once its OPEN is answered.
         self.creates_behind.name_settled(parent, name).await;
+        // A mode or times queued behind the writes of the file the name has (`cp -p` sets
+        // them through its descriptor before the close): the kernel takes a lookup's
+        // attributes over those the chmod or utimens was answered with, so an answer from
+        // before they land would undo them there. They are waited for (rare: a lookup of a
+        // file while its copy is finished).
+        let known = self.inodes.lock().unwrap().child(parent, name);
+        if let Some(ino) = known {
+            self.changes_behind_settled(ino).await;
+        }
         let path = self.child_path(parent, name)?;
         if let Some(attr) = self.special_at(&path, true) {
             return Ok(self.entry(attr));
@@ -1941,7 +1950,19 @@ impl<R: Remote> Fs<R> {
     /// descriptors of a file share one ordered write stream, so one barrier drains them all.
     async fn drain_inode(self: &Arc<Self>, ino: Ino) {
         if let Some(f) = self.writers_of(ino).into_iter().next() {
-            f.settle(self).await;
+            f.settle().await;
+        }
+    }
+
+    /// Wait for the writes of `ino` if an attribute change is queued behind them (see
+    /// [`OpenFile::changes_queued_behind`]).
+    async fn changes_behind_settled(self: &Arc<Self>, ino: Ino) {
+        let behind = self
+            .writers_of(ino)
+            .into_iter()
+            .find(|f| f.changes_queued_behind());
+        if let Some(f) = behind {
+            f.settle().await;
         }
     }
 
@@ -2288,11 +2309,7 @@ impl<R: Remote> Fs<R> {
             && (!chown || same_owner())
             && req.mode.is_none_or(|m| m & 0o6000 == 0)
             && (chown || req.mode.is_some() || req.atime.is_some() || req.mtime.is_some());
-        let alone = || {
-            self.sole_open_file(ino)
-                .is_some_and(|f| Arc::ptr_eq(&f, file))
-        };
-        if !only_mode_and_times || file.pending_failure().is_some() || !alone() {
+        if !only_mode_and_times || file.pending_failure().is_some() {
             return None;
         }
         let mut set = SetAttrs::default();
@@ -2315,7 +2332,19 @@ impl<R: Remote> Fs<R> {
         attrs.mtime?;
         // Kept before it is sent: its failure (whenever it is answered) forgets them. Writes
         // sent after it through this descriptor land after it (and drop the kept mtime).
-        file.update_created(Some(attrs));
+        // Only if the descriptor is still the file's only one, checked and kept under the
+        // lock under which a second descriptor (or a truncate by path) makes it forget what
+        // it knows: else that could come between, and be undone.
+        {
+            let files = self.files.lock().unwrap();
+            let mut of_ino = files.values().filter(|f| f.ino == ino);
+            let alone =
+                matches!((of_ino.next(), of_ino.next()), (Some(f), None) if Arc::ptr_eq(f, file));
+            if !alone {
+                return None;
+            }
+            file.update_created(Some(attrs));
+        }
         self.attributes_set(ino, false, None, times);
         if !file.submit_setattrs(self, set) {
             file.update_created(None);
@@ -4470,7 +4499,7 @@ impl<R: Remote> Fs<R> {
         // a failure is latched for the tell below.
         file.handle_version().await;
         self.attrs_behind_writes(&file).await;
-        file.settle(self).await;
+        file.settle().await;
         if file.flags.write {
             self.written_through_settled(&file).await;
         }
@@ -4514,7 +4543,7 @@ impl<R: Remote> Fs<R> {
             return;
         }
         let attrs = self.fstat_of(file).await;
-        file.settle(self).await;
+        file.settle().await;
         let clean = self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again
             && file.pending_failure().is_none();
         let Ok(attrs) = attrs.map_err(|e| tracing::debug!("fstat behind writes: {e}")) else {
@@ -4592,7 +4621,7 @@ impl<R: Remote> Fs<R> {
                 Ok(handle) => self.remote.fsync(&handle).await,
                 Err(e) => Err(e),
             };
-            file.settle(self).await;
+            file.settle().await;
             let clean = matches!(synced, Ok(()) | Err(RemoteError::Unsupported(_)))
                 && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
             if clean {
@@ -4603,7 +4632,7 @@ impl<R: Remote> Fs<R> {
                 };
             }
         }
-        file.settle(self).await;
+        file.settle().await;
         if let Some(failure) = fsync_failure(&file) {
             return Err(self.write_failure(&file, failure).await);
         }
@@ -4643,7 +4672,7 @@ impl<R: Remote> Fs<R> {
         // Created early: its outcome first (while the descriptor still shows, so that what
         // waits for the create by inode finds it), and a failure is told below.
         file.handle_version().await;
-        file.settle(self).await;
+        file.settle().await;
         let unreported = file.tell(Told::Opener, &[]);
         let last = {
             let mut streams = self.streams.lock().unwrap();
@@ -4705,7 +4734,7 @@ impl<R: Remote> Fs<R> {
         for f in files {
             // Left latched: the application's own close or fsync still reports it. (One
             // its close was told of already is not news.)
-            f.settle(self).await;
+            f.settle().await;
             if let Some((e, _)) = f.tell(Told::Opener, &[]) {
                 if first.is_ok() {
                     first = Err(remote_err(Op::Write, &e, "flush"));
