@@ -1956,7 +1956,7 @@ impl<R: Remote> Fs<R> {
 
     /// Wait for the writes of `ino` if an attribute change is queued behind them (see
     /// [`OpenFile::changes_queued_behind`]).
-    async fn changes_behind_settled(self: &Arc<Self>, ino: Ino) {
+    async fn changes_behind_settled(&self, ino: Ino) {
         let behind = self
             .writers_of(ino)
             .into_iter()
@@ -3128,6 +3128,8 @@ impl<R: Remote> Fs<R> {
                 ),
             )
         })?;
+        // (Its answer is what the kernel shows: not from before a mode or times queued.)
+        self.changes_behind_settled(ino).await;
         let since = self.cache.lock().unwrap().now();
         // The new name's attributes in the same round trip.
         let attrs = match self.remote.hardlink_stat(&existing, &new).await {
@@ -5184,6 +5186,8 @@ impl<R: Remote> Fs<R> {
     /// bits for the class the caller falls in.
     pub async fn access(&self, ino: Ino, mask: i32, uid: u32, gid: u32) -> FsResult<()> {
         self.create_landed(ino).await;
+        // A `chmod +x` queued behind the file's writes is what the check must see.
+        self.changes_behind_settled(ino).await;
         let attr = match self.special_attr(ino) {
             Some(attr) => attr,
             None => {

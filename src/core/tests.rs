@@ -2392,6 +2392,34 @@ async fn wb_a_lookup_does_not_undo_mode_and_times_set_behind_writes() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// The same for `access(2)`: a `chmod +x` queued behind the file's writes (then a write,
+/// after which the mount no longer holds the attributes) is what the check sees, not the
+/// server's mode from before it lands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_access_sees_a_mode_set_behind_writes() {
+    let h = Harness::new();
+    let (f, fh) = create_excl(&h, "f").await;
+    h.plan.hold(ROp::Fsetstat);
+    let chmod = SetattrRequest {
+        mode: Some(libc::S_IFREG | 0o755),
+        ..Default::default()
+    };
+    tokio::time::timeout(Duration::from_secs(30), h.fs.setattr(f, None, chmod))
+        .await
+        .expect("chmod waited for the server")
+        .unwrap();
+    h.write(fh, 0, b"#!/bin/sh\nexit 0\n").await;
+    let access = tokio::spawn({
+        let fs = h.fs.clone();
+        async move { fs.access(f, libc::X_OK, 0, 0).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.plan.release(ROp::Fsetstat);
+    access.await.unwrap().expect("execute permission");
+    h.fs.flush(fh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
 /// A long write through one descriptor has the server write the file back to its disk as it
 /// goes, once per `WRITE_BACK_EVERY` bytes of the run, so that an `fsync` at its end (`dd
 /// conv=fsync`) finds little left; a small file never does.
