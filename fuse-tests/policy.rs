@@ -1854,6 +1854,39 @@ fn lease_expiry_during_a_running_write() {
     assert!(!awcp_mount::control::socket_path(&m.mnt).exists());
 }
 
+/// The lease's end unmounts after the grace period even when the server stopped answering
+/// with its connection alive (sftp-server stopped, sshd still answering keepalives): a write
+/// on its way is given a few seconds (at least 5, or the grace period), not forever.
+#[test]
+fn lease_expiry_unmounts_even_when_the_server_stopped_answering() {
+    let sshd = TestSshd::start();
+    fs::write(sshd.export_dir.join("f"), b"before").unwrap();
+    let expires = SystemTime::now() + Duration::from_secs(15);
+    let at = awcp_mount::policy::lease::format_rfc3339(expires);
+    let m = try_mount(
+        &sshd,
+        &sshd.export_dir,
+        "[lease]\ngrace_seconds = 1\n",
+        &[],
+        &["--expires-at", &at],
+        false,
+    )
+    .unwrap_or_else(|f| panic!("mount failed: {f:?}"));
+    let mut f = OpenOptions::new().write(true).open(m.p("f")).unwrap();
+    let paused = sshd.pause_sftp_servers();
+    // Answered at once (write-behind); the server will not take it before the lease's end.
+    f.write_all(b"after").unwrap();
+    assert!(
+        poll_until(Duration::from_secs(60), || !is_mounted(&m.mnt)),
+        "still mounted {:?} after the lease's end",
+        SystemTime::now()
+            .duration_since(expires)
+            .unwrap_or_default()
+    );
+    drop(paused);
+    drop(f);
+}
+
 #[test]
 fn lease_already_expired_refuses_the_mount() {
     let sshd = TestSshd::start();

@@ -654,9 +654,7 @@ fn serve<R: Remote>(
         }
         tracing::info!("signal received: flushing and unmounting");
         stop_requested.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Err(e) = signals_fs.flush_all().await {
-            tracing::warn!("some writes could not be flushed before unmount: {e}");
-        }
+        last_flush(&signals_fs, "before the unmount").await;
         let mp = mountpoint.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Err(e) = unmounter.unmount() {
@@ -689,7 +687,7 @@ fn serve<R: Remote>(
     };
     // Writes still queued when the kernel let go (umount with open files is refused, so
     // normally none) get a last chance.
-    let _ = rt.block_on(fs.flush_all());
+    rt.block_on(last_flush(&fs, "at the end of the mount"));
     result.map_err(|e| {
         fail(
             MountErrorKind::Kernel,
@@ -709,6 +707,29 @@ struct MountInfo {
 
 /// How long a downgrade waits for operations that passed their read-only check before it.
 const MUTATIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long the flush before the process ends (a signal, the end of the FUSE session) waits
+/// for a server that has stopped answering but whose connection lives on (its sftp-server
+/// hangs on a dead disk, while sshd answers the keepalives): the mount must still go away,
+/// and the process end, when asked to (systemd's stop timeout is 90 s).
+const LAST_FLUSH_WAIT: Duration = Duration::from_secs(60);
+
+/// The least time the lease's end gives the downgrade's flush before the unmount, whatever
+/// the grace period (`grace_seconds = 0` must not drop writes a healthy server takes in a
+/// moment); a longer grace period gives it all of it.
+const LEASE_FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+/// A last flush of everything acknowledged, bounded by [`LAST_FLUSH_WAIT`]; what it could
+/// not send is said in the log.
+async fn last_flush<R: Remote>(fs: &Arc<Fs<R>>, when: &str) {
+    match tokio::time::timeout(LAST_FLUSH_WAIT, fs.flush_all()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("some writes could not be flushed {when}: {e}"),
+        Err(_) => tracing::error!(
+            "the server did not take the writes still on their way within {LAST_FLUSH_WAIT:?} {when}: they are lost"
+        ),
+    }
+}
 
 /// Turn the mount read-only now: every mutating operation gets EROFS from this moment, writes
 /// already acknowledged are flushed to the server, and (as root) the kernel mount itself is
@@ -838,10 +859,22 @@ async fn enforce_lease<R: Remote>(
         "the lease expired: the mount is read-only now and will be unmounted in {} s",
         grace.as_secs()
     );
-    if let Err(e) = downgrade(&fs, &mountpoint).await {
-        tracing::warn!("{e}");
+    let expired = tokio::time::Instant::now();
+    // Bounded: a server that stopped answering (its connection alive) must not keep the
+    // mount past the grace period. (The mount is read-only once the downgrade has begun.)
+    let flush_wait = grace.max(LEASE_FLUSH_WAIT);
+    match tokio::time::timeout(flush_wait, downgrade(&fs, &mountpoint)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("{e}"),
+        Err(_) => {
+            // (In case the downgrade was cut short before it turned the mount read-only.)
+            fs.set_read_only();
+            tracing::error!(
+                "the lease expired: the server did not take the writes still on their way within {flush_wait:?}; unmounting without them"
+            )
+        }
     }
-    tokio::time::sleep(grace).await;
+    tokio::time::sleep_until(expired + grace).await;
     tracing::warn!(
         "lease grace period over: unmounting {}",
         mountpoint.display()
