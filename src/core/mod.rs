@@ -1542,6 +1542,23 @@ impl<R: Remote> Fs<R> {
         known.is_some()
     }
 
+    /// A name in directory `dir` was made, removed or replaced through the mount: the server
+    /// moved its mtime, and its ctime moves here (see `Attr::ctime`). A cached listing that
+    /// shows `dir` (in its parent) no longer knows its attributes: a lookup answered from it
+    /// would give the kernel the old mtime (Python's import finder rescans a directory only
+    /// when that changes; `find -newer`, make).
+    fn dir_names_changed(&self, dir: Ino) {
+        let names = {
+            let mut inodes = self.inodes.lock().unwrap();
+            inodes.status_changed(dir, SystemTime::now());
+            inodes.names_of(dir)
+        };
+        let mut cache = self.cache.lock().unwrap();
+        for (parent, name) in names {
+            cache.listing_update(parent, &name, None);
+        }
+    }
+
     /// The mount changed the status of `ino` just now: its ctime moves (see `Attr::ctime`).
     fn status_changed(&self, ino: Ino) {
         self.inodes
@@ -2569,6 +2586,7 @@ impl<R: Remote> Fs<R> {
                 },
             );
         }
+        self.dir_names_changed(parent);
         if is_dir {
             // A new directory has two links, its `.` and its name; its `..` is one more link
             // to the parent.
@@ -2849,6 +2867,7 @@ impl<R: Remote> Fs<R> {
     /// the kernel looks it up again when its entry TTL runs out, as before.
     fn name_uncertain(&self, parent: Ino, name: &OsStr) {
         self.cache.lock().unwrap().name_changed(parent, name);
+        self.dir_names_changed(parent);
         let is_dir = {
             let inodes = self.inodes.lock().unwrap();
             inodes
@@ -2876,6 +2895,7 @@ impl<R: Remote> Fs<R> {
             inodes.detach_name(parent, name)
         };
         self.cache.lock().unwrap().name_removed(parent, name);
+        self.dir_names_changed(parent);
         if let Some(d) = gone {
             self.attrs_changed(d.ino, None);
             self.link_count_changed(d.ino);
@@ -3098,6 +3118,9 @@ impl<R: Remote> Fs<R> {
             // We do not know what moved: the target directory's listing cannot be kept.
             None => cache.name_changed(new_parent, new_name),
         }
+        drop(cache);
+        self.dir_names_changed(parent);
+        self.dir_names_changed(new_parent);
         Ok(())
     }
 
@@ -3182,6 +3205,7 @@ impl<R: Remote> Fs<R> {
                 nlink: None,
             },
         );
+        self.dir_names_changed(new_parent);
         let attrs = self.with_pending_size(ino, attrs);
         self.cache_attrs_from(ino, CachedAttrs { attrs, nlink: None }, since);
         Ok(self.entry(self.make_attr(ino, &attrs, None)))
@@ -3709,6 +3733,7 @@ impl<R: Remote> Fs<R> {
             );
             since
         };
+        self.dir_names_changed(parent);
         let attr = self.remember(parent, name, made_up, Some(1), since);
         let ino = attr.ino;
         self.enforcer.quota.created(ino);

@@ -408,7 +408,7 @@ impl<R: Remote> Fs<R> {
     /// is made; a server that refuses (it lets only a directory's owner set its times) leaves
     /// the old mtime.
     async fn names_changed_in(&self, dir: Ino, known: Option<Attrs>) {
-        self.status_changed(dir);
+        self.dir_names_changed(dir);
         let Ok(path) = self.path_of(dir) else { return };
         let known = match known {
             Some(a) => Some(a),

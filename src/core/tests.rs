@@ -1425,6 +1425,46 @@ async fn cache_write_then_lookup_with_a_cached_listing() {
     c.finish();
 }
 
+/// A name made or removed in a directory moves its mtime on the server, and its ctime: a
+/// lookup of the directory answered from its parent's listing, taken before, must not give
+/// the kernel the old ones (Python's import finder rescans a directory only when its mtime
+/// changes: a module just written there would not be found).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_a_directory_changed_through_the_mount_is_not_shown_from_an_older_listing() {
+    let h = Harness::new();
+    std::fs::create_dir_all(h.disk("p/sub")).unwrap();
+    let old = std::fs::FileTimes::new().set_modified(UNIX_EPOCH + Duration::from_secs(1_000_000));
+    std::fs::File::open(h.disk("p/sub"))
+        .unwrap()
+        .set_times(old)
+        .unwrap();
+    let p = h.lookup(ROOT, "p").await;
+    let listed = list_plus(&h, p).await;
+    let (_, sub) = listed.iter().find(|(n, _)| n == "sub").unwrap();
+    assert_eq!(secs(sub.attr.mtime), 1_000_000);
+    let before = sub.attr.ctime;
+    let sub = sub.attr.ino;
+    let (_, fh) = h.create(sub, "new.py").await;
+    h.fs.release(fh).await.unwrap();
+    let server = h.meta("p/sub").mtime();
+    assert_ne!(server, 1_000_000, "the server did not move the mtime");
+    for (how, e) in [
+        ("lookup", h.fs.lookup(p, os("sub")).await.unwrap()),
+        (
+            "readdirplus",
+            list_plus(&h, p)
+                .await
+                .into_iter()
+                .find(|(n, _)| n == "sub")
+                .unwrap()
+                .1,
+        ),
+    ] {
+        assert_eq!(secs(e.attr.mtime) as i64, server, "{how}: mtime");
+        assert!(e.attr.ctime > before, "{how}: the ctime did not move");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cache_setattr_then_lookup_with_a_cached_listing() {
     let h = Harness::new();
