@@ -1916,6 +1916,12 @@ impl<R: Remote> Fs<R> {
         }
         self.create_landed(ino).await;
         self.drain_inode(ino).await;
+        // A directory's mtime moves as the creates and removes in it answered early are
+        // carried out: `rm f; stat .` must not be answered (and cached) from before.
+        if self.inodes.lock().unwrap().kind(ino) == Some(FileKind::Dir) {
+            self.creates_behind.dir_settled(ino).await;
+            self.removes_behind.dir_settled(ino).await;
+        }
         let a = self.fetch_attrs(ino).await?;
         let attrs = self.with_pending_size(ino, a.attrs);
         // (Maybe from the cache: then for what its copy has left.)

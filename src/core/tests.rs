@@ -7355,6 +7355,35 @@ async fn readdir_names(h: &Harness, dir: Ino) -> Vec<OsString> {
     names
 }
 
+/// `stat` of a directory after an unlink in it answered early (`rm f; stat -c %Y .`) shows
+/// the mtime the REMOVE gives it, not the one from before (asked while the REMOVE was on its
+/// way, and kept for the attribute TTL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unlink_behind_then_stat_of_the_directory_shows_its_new_mtime() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    let (_, fh) = h.create(d, "a").await;
+    h.fs.release(fh).await.unwrap();
+    let old = std::fs::FileTimes::new().set_modified(UNIX_EPOCH + Duration::from_secs(1_000_000));
+    std::fs::File::open(h.disk("d")).unwrap().set_times(old).unwrap();
+    h.plan.hold(ROp::Remove);
+    h.fs.unlink(d, os("a")).await.unwrap();
+    assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
+    let stat = tokio::spawn({
+        let fs = h.fs.clone();
+        async move { fs.getattr(d, None).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    h.plan.release(ROp::Remove);
+    let (a, _) = stat.await.unwrap().unwrap();
+    eventually("the REMOVE carried out", || !h.disk("d/a").exists()).await;
+    let server = h.meta("d").mtime();
+    assert_ne!(server, 1_000_000, "the REMOVE did not move the mtime");
+    assert_eq!(secs(a.mtime) as i64, server, "stat");
+    let (a, _) = h.fs.getattr(d, None).await.unwrap();
+    assert_eq!(secs(a.mtime) as i64, server, "stat again (cached)");
+}
+
 /// An unlink the mount can vouch for is answered before the server's REMOVE, and everything
 /// after it sees the name gone, on the mount and (where it matters) on the server: a lookup,
 /// a listing, a create of the same name, an rmdir of the directory.
