@@ -2227,6 +2227,9 @@ impl<R: Remote> Fs<R> {
                 });
             }
             self.attributes_set(ino, req.size.is_some(), Some(data_changes), times);
+        } else {
+            // Nothing to send (`chown(f, -1, -1)`): Linux still moves the ctime.
+            self.status_changed(ino);
         }
         // What came along shows this change and nothing after it, unless the inode changed
         // through the mount meanwhile (checked as they are kept). By path, only what
@@ -5033,8 +5036,17 @@ impl<R: Remote> Fs<R> {
     /// The inode number to show for a readdir entry: the one the kernel knows, or a stable
     /// stand-in (plain readdir does not create inodes).
     pub fn peek_ino(&self, parent: Ino, name: &OsStr) -> u64 {
-        if name == "." || name == ".." {
+        if name == "." || parent == ROOT_INO && name == ".." {
             return parent;
+        }
+        if name == ".." {
+            // The directory's parent, as `ls -ai` shows it on a local disk (a directory has
+            // one name; one the kernel no longer knows by name shows its own).
+            let inodes = self.inodes.lock().unwrap();
+            return inodes
+                .names_of(parent)
+                .first()
+                .map_or(parent, |(grandparent, _)| *grandparent);
         }
         if let Some(attr) = self.special_child(parent, name, false) {
             return attr.ino;

@@ -3961,6 +3961,14 @@ async fn readdir_lists_everything_with_kinds_and_resumable_offsets() {
     // Plain readdir creates no inodes.
     assert_eq!(h.fs.inode_count(), 1);
     assert_eq!(h.fs.peek_ino(ROOT, os(".")), ROOT);
+    assert_eq!(h.fs.peek_ino(ROOT, os("..")), ROOT);
+    // Below the root, ".." is the parent (as `ls -ai` shows it on a local disk).
+    let dir = h.lookup(ROOT, "dir").await;
+    let sub = h.mkdir(dir, "sub").await;
+    assert_eq!(
+        (h.fs.peek_ino(sub, os(".")), h.fs.peek_ino(sub, os(".."))),
+        (sub, dir)
+    );
     h.fs.releasedir(dh);
     assert_errno(
         h.fs.readdir(dh, 0).await,
@@ -4387,6 +4395,23 @@ async fn setattr_chown_reply_matches_the_server() {
         cached == on_disk,
     );
     c.finish();
+}
+
+/// `chown(f, -1, -1)` reaches the mount as a setattr with nothing to set: nothing is sent,
+/// and the ctime moves, as Linux has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setattr_with_nothing_to_set_moves_the_ctime_only() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"data").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let before = h.fs.getattr(f, None).await.unwrap().0.ctime;
+    h.plan.reset_counts();
+    let a =
+        h.fs.setattr(f, None, SetattrRequest::default())
+            .await
+            .unwrap();
+    assert_eq!(h.plan.total_calls(), 0, "{:?}", h.plan.call_counts());
+    assert!(a.ctime > before, "ctime {:?} not after {before:?}", a.ctime);
 }
 
 /// What tar does for every file it extracts: chown, chmod, set times. Without set-id bits
@@ -7365,7 +7390,10 @@ async fn unlink_behind_then_stat_of_the_directory_shows_its_new_mtime() {
     let (_, fh) = h.create(d, "a").await;
     h.fs.release(fh).await.unwrap();
     let old = std::fs::FileTimes::new().set_modified(UNIX_EPOCH + Duration::from_secs(1_000_000));
-    std::fs::File::open(h.disk("d")).unwrap().set_times(old).unwrap();
+    std::fs::File::open(h.disk("d"))
+        .unwrap()
+        .set_times(old)
+        .unwrap();
     h.plan.hold(ROp::Remove);
     h.fs.unlink(d, os("a")).await.unwrap();
     assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
