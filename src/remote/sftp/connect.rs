@@ -374,6 +374,44 @@ fn client_config(cfg: &SshConfig, prefer: &[Algorithm]) -> client::Config {
     }
 }
 
+/// How long data sent may stay unacknowledged by the server's machine before the connection
+/// is declared dead: as long as the keepalives take to declare it (`ServerAliveInterval` ×
+/// (`ServerAliveCountMax` + 1)). The keepalives alone cannot when the network goes silent
+/// while much is being sent: russh's session task then waits in its flush to a full socket
+/// buffer and no longer runs its keepalive timer, and the kernel retransmits for 15 minutes
+/// or more before it gives up. A slow link that acknowledges (however little) is not cut.
+/// None without keepalives (`ServerAliveInterval=0`: the user asked for no such check).
+fn unacknowledged_limit(cfg: &SshConfig) -> Option<std::time::Duration> {
+    let interval = cfg.server_alive_interval?;
+    if interval.is_zero() || cfg.server_alive_count_max == 0 {
+        return None;
+    }
+    Some(interval * (cfg.server_alive_count_max + 1))
+}
+
+/// Set `TCP_USER_TIMEOUT` (see [`unacknowledged_limit`]).
+fn set_user_timeout(
+    tcp: &tokio::net::TcpStream,
+    limit: std::time::Duration,
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let ms = u32::try_from(limit.as_millis()).unwrap_or(u32::MAX);
+    // SAFETY: a valid socket descriptor, and a pointer to a u32 of the length given.
+    let r = unsafe {
+        libc::setsockopt(
+            tcp.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            (&ms as *const u32).cast(),
+            std::mem::size_of::<u32>() as libc::socklen_t,
+        )
+    };
+    match r {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// Open and authenticate one SSH connection. `first_key` is shared across reconnects.
 pub(crate) async fn establish(
     cfg: &SshConfig,
@@ -394,6 +432,11 @@ pub(crate) async fn establish(
             .await
             .map_err(|e| ConnectError::network(format!("cannot connect to {target}: {e}")))?;
         let _ = tcp.set_nodelay(true);
+        if let Some(t) = unacknowledged_limit(cfg) {
+            if let Err(e) = set_user_timeout(&tcp, t) {
+                debug!("TCP_USER_TIMEOUT: {e}");
+            }
+        }
         let handler = ClientHandler {
             check: check.clone(),
         };
@@ -517,5 +560,47 @@ async fn authenticate(
                 ),
             ))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_unacknowledged_limit_is_as_long_as_the_keepalives_take() {
+        let mut cfg = SshConfig::new("127.0.0.1", "u", Identity::KeyFile("k".into()));
+        cfg.server_alive_interval = Some(Duration::from_secs(15));
+        cfg.server_alive_count_max = 3;
+        assert_eq!(unacknowledged_limit(&cfg), Some(Duration::from_secs(60)));
+        cfg.server_alive_count_max = 0;
+        assert_eq!(unacknowledged_limit(&cfg), None);
+        cfg.server_alive_count_max = 3;
+        cfg.server_alive_interval = None;
+        assert_eq!(unacknowledged_limit(&cfg), None);
+    }
+
+    #[tokio::test]
+    async fn the_socket_gets_the_unacknowledged_limit() {
+        use std::os::fd::AsRawFd;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tcp = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        set_user_timeout(&tcp, Duration::from_secs(60)).unwrap();
+        let mut ms = 0u32;
+        let mut len = std::mem::size_of::<u32>() as libc::socklen_t;
+        // SAFETY: a valid socket, and a u32 buffer of the length given.
+        let r = unsafe {
+            libc::getsockopt(
+                tcp.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_USER_TIMEOUT,
+                (&mut ms as *mut u32).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!((r, ms), (0, 60_000));
     }
 }
