@@ -105,8 +105,15 @@ pub fn serve(mountpoint: &Path, handlers: Handlers) -> std::io::Result<ControlSo
     let handlers = Arc::new(handlers);
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors (EMFILE), say: it lasts, and trying again at once
+                    // would spin the mount's one network thread.
+                    tracing::debug!("control socket: accept: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let handlers = handlers.clone();
             tokio::spawn(async move {
