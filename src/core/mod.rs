@@ -1814,7 +1814,11 @@ impl<R: Remote> Fs<R> {
         self.removes_behind.name_settled(parent, name).await;
         match self.stat_as(&path, held_kind).await {
             Ok(attrs) => {
-                let nlink = listed_nlink.filter(|_| attrs.file_type() == FileKind::File);
+                // (A directory's too: a listing's count follows its subdirectories made and
+                // removed through the mount, and its entry no longer answers once a name in
+                // it changed, for the mtime.)
+                let nlink = listed_nlink
+                    .filter(|_| matches!(attrs.file_type(), FileKind::File | FileKind::Dir));
                 Ok(self.entry(self.remember(parent, name, attrs, nlink, since)))
             }
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
@@ -4854,7 +4858,13 @@ impl<R: Remote> Fs<R> {
             };
             let now = self.cache.lock().unwrap().dir_moves();
             let moved = moves.1 || now != moves;
-            if moved && attempt < 3 {
+            // A move still on its way may be this directory's, whose path changes only once
+            // it is done: listed again after it (for up to a second), not by the old path.
+            let moving = now.1 && attempt < 100;
+            if moved && (attempt < 3 || moving) {
+                if moving && attempt >= 3 {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
                 path = self.path_of(ino)?;
                 continue;
             }
