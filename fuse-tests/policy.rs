@@ -1856,7 +1856,7 @@ fn lease_expiry_during_a_running_write() {
 
 /// The lease's end unmounts after the grace period even when the server stopped answering
 /// with its connection alive (sftp-server stopped, sshd still answering keepalives): a write
-/// on its way is given a few seconds (at least 5, or the grace period), not forever.
+/// on its way is given some time (the grace period, at least 15 s), not forever.
 #[test]
 fn lease_expiry_unmounts_even_when_the_server_stopped_answering() {
     let sshd = TestSshd::start();

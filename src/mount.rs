@@ -714,10 +714,11 @@ const MUTATIONS_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// and the process end, when asked to (systemd's stop timeout is 90 s).
 const LAST_FLUSH_WAIT: Duration = Duration::from_secs(60);
 
-/// The least time the lease's end gives the downgrade's flush before the unmount, whatever
-/// the grace period (`grace_seconds = 0` must not drop writes a healthy server takes in a
-/// moment); a longer grace period gives it all of it.
-const LEASE_FLUSH_WAIT: Duration = Duration::from_secs(5);
+/// The least time the lease's end gives the downgrade before the unmount, whatever the grace
+/// period (`grace_seconds = 0` must not drop writes a healthy server takes in a moment, nor
+/// cut short the write-back of pages dirtied through `mmap`, itself bounded by 10 s); a
+/// longer grace period gives it all of it.
+const LEASE_FLUSH_WAIT: Duration = Duration::from_secs(15);
 
 /// A last flush of everything acknowledged, bounded by [`LAST_FLUSH_WAIT`]; what it could
 /// not send is said in the log.

@@ -644,8 +644,8 @@ pub struct OpenFile<R: Remote> {
     /// Times were queued behind this descriptor's writes: the mtime `created_mtime` keeps
     /// may be one set, which a later write moves to the server's clock.
     times_set_behind: AtomicBool,
-    /// Its release began: see [`OpenFile::refuse_changes_behind`].
-    releasing: AtomicBool,
+    /// See [`OpenFile::setattrs_submitted`].
+    setattrs_submitted: AtomicU64,
     /// The change clock when a close of this descriptor learnt the attributes its writes
     /// left (asked right behind them, see `Fs::attrs_behind_writes`); 0 if none did. Its
     /// release keeps them unless the file changed through the mount after that.
@@ -689,7 +689,7 @@ impl<R: Remote> OpenFile<R> {
             mode_changed_behind: AtomicBool::new(false),
             written: AtomicBool::new(false),
             times_set_behind: AtomicBool::new(false),
-            releasing: AtomicBool::new(false),
+            setattrs_submitted: AtomicU64::new(0),
             attrs_settled_at: AtomicU64::new(0),
         }
     }
@@ -789,28 +789,19 @@ impl<R: Remote> OpenFile<R> {
         created.is_some()
     }
 
-    /// The descriptor is being released: no attribute change is queued behind its writes
-    /// from now on. Its release waits for what is queued, then closes the handle; a change
-    /// queued after that wait (the times `shutil.copy2` sets by path right after the close
-    /// may come while the kernel's RELEASE of it is on its way) would go on a closed handle,
-    /// or after a change by path that then showed the file without it. Set under the lock
-    /// `submit_setattrs` holds while it checks and queues: a change is either queued before
-    /// (and waited for) or done the usual way, by path after the writes.
-    pub fn refuse_changes_behind(&self) {
-        let _created = self.created.lock().unwrap();
-        self.releasing.store(true, Ordering::Release);
+    /// How many attribute changes were queued behind this descriptor's writes so far (see
+    /// `Fs::release`, which must not close the handle before the last of them is answered).
+    pub fn setattrs_submitted(&self) -> u64 {
+        self.setattrs_submitted.load(Ordering::Acquire)
     }
 
-    /// Queue an attribute change behind this file's writes. False if the descriptor is being
-    /// released (see [`OpenFile::refuse_changes_behind`]) or the file's write queue is closed. It is not waited for: everything that must come after it (writes, flush,
+    /// Queue an attribute change behind this file's writes. False if the file's write queue
+    /// is closed. The caller holds the `files` lock, under which `Fs::release` looks whether
+    /// one came while it waited (see [`OpenFile::setattrs_submitted`]). It is not waited for: everything that must come after it (writes, flush,
     /// fsync, a stat that drains, a change sent directly) goes through the same queue or
     /// drains it first, and its failure is latched like a write's.
     pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: SetAttrs) -> bool {
-        // Held until it is queued: see `refuse_changes_behind`.
-        let _created = self.created.lock().unwrap();
-        if self.releasing.load(Ordering::Acquire) {
-            return false;
-        }
+        self.setattrs_submitted.fetch_add(1, Ordering::AcqRel);
         if attrs.perm.is_some() {
             self.mode_changed_behind.store(true, Ordering::Release);
         }

@@ -1559,6 +1559,14 @@ impl<R: Remote> Fs<R> {
         }
     }
 
+    /// A create or remove in directory `dir` answered early was carried out by the server,
+    /// which moved the directory's mtime then: attributes of it asked for before are not
+    /// kept (nor cached on their way), nor shown from its parent's listing.
+    fn dir_landed(&self, dir: Ino) {
+        self.cache.lock().unwrap().touch(dir);
+        self.dir_names_changed(dir);
+    }
+
     /// The mount changed the status of `ino` just now: its ctime moves (see `Attr::ctime`).
     fn status_changed(&self, ino: Ino) {
         self.inodes
@@ -1921,18 +1929,20 @@ impl<R: Remote> Fs<R> {
         self.create_landed(ino).await;
         self.drain_inode(ino).await;
         // A directory's mtime moves as the creates and removes in it answered early are
-        // carried out: `rm f; stat .` must not be answered (and cached) from before.
-        if self.inodes.lock().unwrap().kind(ino) == Some(FileKind::Dir) {
-            self.creates_behind.dir_settled(ino).await;
-            self.removes_behind.dir_settled(ino).await;
-        }
+        // carried out: while one is on its way, what the server says may be from before it,
+        // and the kernel must ask again (not waited for: with `default_permissions` the
+        // kernel asks before every unlink of `rm -rf`, which would then wait for the one
+        // before). Whatever was asked before a landing is not kept (`Fs::dir_landed`).
+        let landing = self.inodes.lock().unwrap().kind(ino) == Some(FileKind::Dir)
+            && (self.creates_behind.in_dir(ino) || self.removes_behind.in_dir(ino));
         let a = self.fetch_attrs(ino).await?;
         let attrs = self.with_pending_size(ino, a.attrs);
         // (Maybe from the cache: then for what its copy has left.)
-        Ok((
-            self.make_attr(ino, &attrs, a.nlink),
-            self.kernel_attr_ttl(ino),
-        ))
+        let ttl = match landing {
+            true => Duration::ZERO,
+            false => self.kernel_attr_ttl(ino),
+        };
+        Ok((self.make_attr(ino, &attrs, a.nlink), ttl))
     }
 
     /// The open descriptor of `ino` if it has exactly one.
@@ -2364,20 +2374,24 @@ impl<R: Remote> Fs<R> {
         // sent after it through this descriptor land after it (and drop the kept mtime).
         // Only if the descriptor is still the file's only one, checked and kept under the
         // lock under which a second descriptor (or a truncate by path) makes it forget what
-        // it knows: else that could come between, and be undone.
-        {
+        // it knows: else that could come between, and be undone. Queued under it too, so
+        // that a release of the descriptor sees it (see `Fs::release`).
+        self.attributes_set(ino, false, None, times);
+        let queued = {
             let files = self.files.lock().unwrap();
             let mut of_ino = files.values().filter(|f| f.ino == ino);
             let alone =
                 matches!((of_ino.next(), of_ino.next()), (Some(f), None) if Arc::ptr_eq(f, file));
-            if !alone {
-                return None;
+            alone && {
+                file.update_created(Some(attrs));
+                let queued = file.submit_setattrs(self, set);
+                if !queued {
+                    file.update_created(None);
+                }
+                queued
             }
-            file.update_created(Some(attrs));
-        }
-        self.attributes_set(ino, false, None, times);
-        if !file.submit_setattrs(self, set) {
-            file.update_created(None);
+        };
+        if !queued {
             self.inodes.lock().unwrap().forget_set_times(ino);
             return None;
         }
@@ -2778,6 +2792,7 @@ impl<R: Remote> Fs<R> {
             async move {
                 let failure = fs.remove_behind(&path).await;
                 fs.cache.lock().unwrap().unlink_landed(ino);
+                fs.dir_landed(parent);
                 if let Some(e) = &failure {
                     tracing::warn!(
                         "the server refused an unlink answered early; the name is back: {e}"
@@ -4706,17 +4721,23 @@ impl<R: Remote> Fs<R> {
             return Ok(());
         }
         let file = self.file(fh)?;
-        // Before the wait: what is queued behind the writes after it would find the handle
-        // closed (a chmod or times by path then wait for the writes instead).
-        file.refuse_changes_behind();
         // Created early: its outcome first (while the descriptor still shows, so that what
         // waits for the create by inode finds it), and a failure is told below.
         file.handle_version().await;
-        file.settle().await;
-        let unreported = file.tell(Told::Opener, &[]);
-        let last = {
+        let last = loop {
+            // Times or a mode set by path right after the close (`shutil.copy2`) may come
+            // while the kernel's RELEASE is on its way, and be queued behind the writes of
+            // this descriptor, still the file's only one (see `setattr_behind`, which queues
+            // under the files lock): they are waited for too, or they would go out on a
+            // closed handle, or after a change by path that then showed the file without
+            // them.
+            let submitted = file.setattrs_submitted();
+            file.settle().await;
             let mut streams = self.streams.lock().unwrap();
             let mut files = self.files.lock().unwrap();
+            if file.setattrs_submitted() != submitted {
+                continue;
+            }
             files.remove(&fh);
             let last = !files.values().any(|f| f.ino == file.ino);
             if last {
@@ -4725,8 +4746,9 @@ impl<R: Remote> Fs<R> {
                 streams.remove(&file.ino);
                 self.early_write_back.closed(file.ino);
             }
-            last
+            break last;
         };
+        let unreported = file.tell(Told::Opener, &[]);
         // The kernel forgot the inode while this descriptor was still open (a FORGET may
         // come before the RELEASE): what `forget` left for the last descriptor goes now.
         // (Not under the files lock: `forget` takes the inode table's, then that one.)
@@ -4846,6 +4868,7 @@ impl<R: Remote> Fs<R> {
         // such a listing is taken again, by the new path, and not cached if that keeps
         // happening.
         let mut path = path.to_path_buf();
+        let patience = std::time::Instant::now() + Duration::from_secs(1);
         for attempt in 1.. {
             let (since, moves) = {
                 let cache = self.cache.lock().unwrap();
@@ -4860,7 +4883,7 @@ impl<R: Remote> Fs<R> {
             let moved = moves.1 || now != moves;
             // A move still on its way may be this directory's, whose path changes only once
             // it is done: listed again after it (for up to a second), not by the old path.
-            let moving = now.1 && attempt < 100;
+            let moving = now.1 && std::time::Instant::now() < patience;
             if moved && (attempt < 3 || moving) {
                 if moving && attempt >= 3 {
                     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -5299,6 +5322,7 @@ struct CreateLanding<R: Remote> {
 
 impl<R: Remote> Drop for CreateLanding<R> {
     fn drop(&mut self) {
+        self.fs.dir_landed(self.parent);
         self.fs.creates_behind.land(self.parent, &self.name, None);
     }
 }

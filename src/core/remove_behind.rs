@@ -113,6 +113,11 @@ impl RemovesBehind {
         self.until(|s| !s.names.contains_key(&key)).await
     }
 
+    /// Whether one is on its way in `dir`.
+    pub fn in_dir(&self, dir: Ino) -> bool {
+        self.state.lock().unwrap().dirs.contains_key(&dir)
+    }
+
     /// Wait until no REMOVE in `dir` is on its way.
     pub async fn dir_settled(&self, dir: Ino) {
         self.until(|s| !s.dirs.contains_key(&dir)).await

@@ -4509,12 +4509,11 @@ async fn setattr_by_path_asks_the_attributes_along() {
     h.fs.release(fh).await.unwrap();
 }
 
-/// Times set by path right after a close, as `shutil.copy2` and `cp -p` do: the kernel sends
-/// the RELEASE of the closed descriptor on its own, so they may come while the release waits
-/// for the file's writes. They are not queued behind the writes of a descriptor being
-/// released, whose handle is closed once its writes are in (they would have gone on a closed
-/// handle, or after a chmod by path that showed the old mtime): they wait for the writes and
-/// go by path, and what comes after sees them.
+/// Times set by path right after a close, as `shutil.copy2` does: the kernel sends the
+/// RELEASE of the closed descriptor on its own, so they may come while the release waits for
+/// the file's writes, and be queued behind them (answered at once). The release waits for
+/// them too before it closes the handle: they would have gone on a closed handle, or after a
+/// chmod by path that showed the old mtime. What comes after sees them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn times_set_while_the_creating_descriptor_is_released_are_kept() {
     let h = Harness::new();
@@ -4547,9 +4546,19 @@ async fn times_set_while_the_creating_descriptor_is_released_are_kept() {
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
     h.plan.release(ROp::Write);
-    release.await.unwrap().unwrap();
-    assert_eq!(h.open_handles().await, 0, "the handle was not closed");
+    // A release that does not wait for the FSETSTAT closes the handle meanwhile (given a
+    // second for it; a release that waits keeps it open).
+    let deadline = std::time::Instant::now() + Duration::from_secs(1);
+    while h.fs.remote().inner().open_handles() > 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     h.plan.release(ROp::Fsetstat);
+    tokio::time::timeout(Duration::from_secs(30), release)
+        .await
+        .expect("release hangs")
+        .unwrap()
+        .unwrap();
+    assert_eq!(h.open_handles().await, 0, "the handle was not closed");
     let a = set_times.await.unwrap().unwrap();
     assert_eq!(secs(a.mtime), 1_500_000_000, "answer");
     let chmod = SetattrRequest {
@@ -7380,9 +7389,10 @@ async fn readdir_names(h: &Harness, dir: Ino) -> Vec<OsString> {
     names
 }
 
-/// `stat` of a directory after an unlink in it answered early (`rm f; stat -c %Y .`) shows
-/// the mtime the REMOVE gives it, not the one from before (asked while the REMOVE was on its
-/// way, and kept for the attribute TTL).
+/// `stat` of a directory while an unlink in it answered early is on its way (`rm f; stat
+/// -c %Y .`) may show the mtime from before the REMOVE, but for no longer than that: it is
+/// answered with TTL 0 and not kept, and once the REMOVE is carried out `stat` shows the
+/// mtime it gave (before, the old one was kept for the attribute TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlink_behind_then_stat_of_the_directory_shows_its_new_mtime() {
     let h = Harness::new();
@@ -7397,19 +7407,26 @@ async fn unlink_behind_then_stat_of_the_directory_shows_its_new_mtime() {
     h.plan.hold(ROp::Remove);
     h.fs.unlink(d, os("a")).await.unwrap();
     assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
-    let stat = tokio::spawn({
-        let fs = h.fs.clone();
-        async move { fs.getattr(d, None).await }
-    });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Not waited for: the REMOVE is still held.
+    let (a, ttl) = tokio::time::timeout(Duration::from_secs(30), h.fs.getattr(d, None))
+        .await
+        .expect("stat waited for the REMOVE")
+        .unwrap();
+    assert_eq!(
+        (secs(a.mtime), ttl),
+        (1_000_000, Duration::ZERO),
+        "stat while the REMOVE is on its way"
+    );
     h.plan.release(ROp::Remove);
-    let (a, _) = stat.await.unwrap().unwrap();
     eventually("the REMOVE carried out", || !h.disk("d/a").exists()).await;
+    eventually("the REMOVE counted as landed", || {
+        h.fs.removes_behind.in_flight() == 0
+    })
+    .await;
     let server = h.meta("d").mtime();
     assert_ne!(server, 1_000_000, "the REMOVE did not move the mtime");
-    assert_eq!(secs(a.mtime) as i64, server, "stat");
     let (a, _) = h.fs.getattr(d, None).await.unwrap();
-    assert_eq!(secs(a.mtime) as i64, server, "stat again (cached)");
+    assert_eq!(secs(a.mtime) as i64, server, "stat after the REMOVE");
 }
 
 /// An unlink the mount can vouch for is answered before the server's REMOVE, and everything

@@ -279,7 +279,15 @@ impl HostKeyCheck {
     /// Host key algorithms to prefer, so a server with several keys shows the one we know.
     fn preferred_algorithms(&self) -> Vec<Algorithm> {
         match &self.policy {
-            HostKeyPolicy::AcceptAny => Vec::new(),
+            // The kind of the key the first connection took, once there is one: a server
+            // that has others too may offer another kind first, which would be refused.
+            HostKeyPolicy::AcceptAny => self
+                .first_key
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|k| vec![k.algorithm()])
+                .unwrap_or_default(),
             HostKeyPolicy::Pinned(keys) => keys.iter().map(|k| k.algorithm()).collect(),
             HostKeyPolicy::KnownHostsFile(p) => {
                 known_hosts::known_algorithms(p, &self.host, self.port)
