@@ -655,6 +655,20 @@ impl MetaCache {
         }
     }
 
+    /// Names changed in directory `name` of `parent` at `now` (this machine's clock, whole
+    /// seconds): the server moved its mtime then, which a cached listing of `parent` shows
+    /// (never backwards) until the server's own is asked for. Exact attributes would cost a
+    /// round trip at each lookup of the directory answered from that listing, and a moved
+    /// mtime is what matters to those who look (Python's import finder, make).
+    pub fn listing_dir_touched(&mut self, parent: Ino, name: &OsStr, now: crate::remote::Seconds) {
+        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
+            let listing = Arc::make_mut(listing);
+            if let Some(e) = listing.iter_mut().find(|e| e.name == name) {
+                e.attrs.mtime = Some(e.attrs.mtime.map_or(now, |m| m.max(now)));
+            }
+        }
+    }
+
     /// The listing entry of `name` in `parent` now has these attributes, or (`None`) ones we
     /// do not know: the entry still says the name exists and its type, but a lookup must ask
     /// the server for the attributes. "Unknown" is marked by an absent size, which a listing

@@ -1544,18 +1544,19 @@ impl<R: Remote> Fs<R> {
 
     /// A name in directory `dir` was made, removed or replaced through the mount: the server
     /// moved its mtime, and its ctime moves here (see `Attr::ctime`). A cached listing that
-    /// shows `dir` (in its parent) no longer knows its attributes: a lookup answered from it
-    /// would give the kernel the old mtime (Python's import finder rescans a directory only
-    /// when that changes; `find -newer`, make).
+    /// shows `dir` (in its parent) shows its mtime moved to now: a lookup answered from it
+    /// would otherwise give the kernel the old mtime (Python's import finder rescans a
+    /// directory only when that changes; `find -newer`, make).
     fn dir_names_changed(&self, dir: Ino) {
+        let now = SystemTime::now();
         let names = {
             let mut inodes = self.inodes.lock().unwrap();
-            inodes.status_changed(dir, SystemTime::now());
+            inodes.status_changed(dir, now);
             inodes.names_of(dir)
         };
         let mut cache = self.cache.lock().unwrap();
         for (parent, name) in names {
-            cache.listing_update(parent, &name, None);
+            cache.listing_dir_touched(parent, &name, to_seconds(TimeSpec::At(now)));
         }
     }
 
