@@ -238,6 +238,23 @@ fn policy_text(root: &Path, body: &str) -> String {
     )
 }
 
+/// The export of `sshd` mounted in the background with a lease that ends `secs` from now
+/// and a grace period of `grace` seconds: the mount, and the lease's end (as given, RFC 3339).
+fn mount_with_lease(sshd: &TestSshd, secs: u64, grace: u32) -> (TestMount, SystemTime, String) {
+    let expires = SystemTime::now() + Duration::from_secs(secs);
+    let at = awcp_mount::policy::lease::format_rfc3339(expires);
+    let m = try_mount(
+        sshd,
+        &sshd.export_dir,
+        &format!("[lease]\ngrace_seconds = {grace}\n"),
+        &[],
+        &["--expires-at", &at],
+        false,
+    )
+    .unwrap_or_else(|f| panic!("mount failed: {f:?}"));
+    (m, expires, at)
+}
+
 /// Mount `dir` of `sshd` with a policy (`body` after the `mount_root` line), `-o` options and
 /// extra arguments. Foreground mode keeps the process as the test's child with its log.
 fn try_mount(
@@ -1660,17 +1677,7 @@ fn lease_expiry_writes_back_pages_dirtied_through_mmap_first() {
     fs::write(sshd.export_dir.join("map.bin"), vec![0u8; LEN]).unwrap();
     // Long enough for the mount, the open and the mapping's writes on a loaded machine (as
     // `lease_expiry_during_a_running_write` has it): they must come before the expiry.
-    let expires = SystemTime::now() + Duration::from_secs(20);
-    let at = awcp_mount::policy::lease::format_rfc3339(expires);
-    let m = try_mount(
-        &sshd,
-        &sshd.export_dir,
-        "[lease]\ngrace_seconds = 60\n",
-        &[],
-        &["--expires-at", &at],
-        false,
-    )
-    .unwrap_or_else(|f| panic!("mount failed: {f:?}"));
+    let (m, _, _) = mount_with_lease(&sshd, 20, 60);
     let f = OpenOptions::new()
         .read(true)
         .write(true)
@@ -1765,17 +1772,7 @@ fn lease_expiry_during_a_running_write() {
     let sshd = TestSshd::start();
     // Generous: the mount must be up (and writing) well before the lease ends, even when
     // mounting stalls for seconds.
-    let expires = SystemTime::now() + Duration::from_secs(15);
-    let at = awcp_mount::policy::lease::format_rfc3339(expires);
-    let mut m = try_mount(
-        &sshd,
-        &sshd.export_dir,
-        "[lease]\ngrace_seconds = 1\n",
-        &[],
-        &["--expires-at", &at],
-        false,
-    )
-    .unwrap_or_else(|f| panic!("mount failed: {f:?}"));
+    let (mut m, expires, at) = mount_with_lease(&sshd, 15, 1);
     let pid = m.pid();
     assert_eq!(mount_status(&m.mnt)["expires_at"], at.as_str());
     // A descriptor on the mount's root, for trying new operations after the expiry whatever
@@ -1861,17 +1858,7 @@ fn lease_expiry_during_a_running_write() {
 fn lease_expiry_unmounts_even_when_the_server_stopped_answering() {
     let sshd = TestSshd::start();
     fs::write(sshd.export_dir.join("f"), b"before").unwrap();
-    let expires = SystemTime::now() + Duration::from_secs(15);
-    let at = awcp_mount::policy::lease::format_rfc3339(expires);
-    let m = try_mount(
-        &sshd,
-        &sshd.export_dir,
-        "[lease]\ngrace_seconds = 1\n",
-        &[],
-        &["--expires-at", &at],
-        false,
-    )
-    .unwrap_or_else(|f| panic!("mount failed: {f:?}"));
+    let (m, expires, _) = mount_with_lease(&sshd, 15, 1);
     let mut f = OpenOptions::new().write(true).open(m.p("f")).unwrap();
     let paused = sshd.pause_sftp_servers();
     // Answered at once (write-behind); the server will not take it before the lease's end.

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use awcp_mount::remote::sftp::{
     CertificateSource, ConnState, ConnectErrorKind, HostKeyPolicy, Identity, ReconnectPolicy,
-    SftpRemote,
+    SftpRemote, SshConfig,
 };
 use awcp_mount::remote::{FileKind, OpenFlags, Remote, RemoteError, RenameMode, SetAttrs, Status};
 use bytes::Bytes;
@@ -908,19 +908,25 @@ async fn changed_host_key_is_refused() {
     assert_eq!(e.kind(), ConnectErrorKind::HostKeyChanged, "{e}");
 }
 
+/// A client config for `sshd` that reconnects, giving up after 20 s.
+fn reconnecting(sshd: &TestSshd) -> SshConfig {
+    let mut cfg = sshd.sftp_config();
+    cfg.reconnect = ReconnectPolicy {
+        enabled: true,
+        give_up_after: Duration::from_secs(20),
+        ..Default::default()
+    };
+    cfg
+}
+
 /// `StrictHostKeyChecking=no` takes the first connection's host key unchecked, and every
 /// reconnect of the mount must offer that same key: else whoever can break the connection
 /// could answer in the server's place, unchecked, for the rest of the mount.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unchecked_host_key_is_kept_for_reconnects() {
     let mut sshd = TestSshd::start();
-    let mut cfg = sshd.sftp_config();
+    let mut cfg = reconnecting(&sshd);
     cfg.host_key_policy = HostKeyPolicy::AcceptAny;
-    cfg.reconnect = ReconnectPolicy {
-        enabled: true,
-        give_up_after: Duration::from_secs(20),
-        ..Default::default()
-    };
     let r = SftpRemote::connect(cfg).await.unwrap();
     let file = sshd.export_dir.join("f");
     std::fs::write(&file, b"data").unwrap();
@@ -1032,13 +1038,7 @@ async fn lost_connection_without_reconnect() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconnect_after_connection_loss() {
     let mut sshd = TestSshd::start();
-    let mut cfg = sshd.sftp_config();
-    cfg.reconnect = ReconnectPolicy {
-        enabled: true,
-        give_up_after: Duration::from_secs(20),
-        ..Default::default()
-    };
-    let r = SftpRemote::connect(cfg).await.unwrap();
+    let r = SftpRemote::connect(reconnecting(&sshd)).await.unwrap();
     let file = sshd.export_dir.join("f");
     std::fs::write(&file, b"data").unwrap();
     let h = r.open(&file, OpenFlags::read_only(), 0).await.unwrap();
