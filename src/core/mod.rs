@@ -1824,8 +1824,7 @@ impl<R: Remote> Fs<R> {
         match self.stat_as(&path, held_kind).await {
             Ok(attrs) => {
                 // (A directory's too: a listing's count follows its subdirectories made and
-                // removed through the mount, and its entry no longer answers once a name in
-                // it changed, for the mtime.)
+                // removed through the mount.)
                 let nlink = listed_nlink
                     .filter(|_| matches!(attrs.file_type(), FileKind::File | FileKind::Dir));
                 Ok(self.entry(self.remember(parent, name, attrs, nlink, since)))
