@@ -1096,16 +1096,9 @@ fn only_the_inviting_client_may_act_on_a_delegation() {
     refused(other.post_path(&format!("/awcp/tasks/{}/ack", d.id)), "ack");
     // Nor see it: its events, its result, its line in the status.
     refused(other.result(&d.id), "result");
-    refused(
-        other.req(
-            reqwest::Method::GET,
-            &format!("/awcp/tasks/{}/events", d.id),
-            None,
-        ),
-        "events",
-    );
+    refused(other.get(&format!("/awcp/tasks/{}/events", d.id)), "events");
     let listed = |c: &Client| {
-        let (st, v) = c.req(reqwest::Method::GET, "/awcp/status", None);
+        let (st, v) = c.get("/awcp/status");
         assert_eq!(st, 200, "{v}");
         v["delegations"]
             .as_array()

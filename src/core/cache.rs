@@ -661,12 +661,9 @@ impl MetaCache {
     /// round trip at each lookup of the directory answered from that listing, and a moved
     /// mtime is what matters to those who look (Python's import finder, make).
     pub fn listing_dir_touched(&mut self, parent: Ino, name: &OsStr, now: crate::remote::Seconds) {
-        if let Some((listing, _)) = self.dirs.get_mut(&parent) {
-            let listing = Arc::make_mut(listing);
-            if let Some(e) = listing.iter_mut().find(|e| e.name == name) {
-                e.attrs.mtime = Some(e.attrs.mtime.map_or(now, |m| m.max(now)));
-            }
-        }
+        self.update_listed(parent, name, |e| {
+            e.attrs.mtime = Some(e.attrs.mtime.map_or(now, |m| m.max(now)));
+        });
     }
 
     /// The listing entry of `name` in `parent` now has these attributes, or (`None`) ones we
@@ -693,7 +690,7 @@ impl MetaCache {
     /// count (none if unknown), never the one from before, which a lookup answered from the
     /// listing would take over.
     pub fn listing_nlink(&mut self, parent: Ino, name: &OsStr, known: Option<u32>) {
-        self.update_listed_nlink(parent, name, |_| known);
+        self.update_listed(parent, name, |e| e.nlink = known);
     }
 
     /// A subdirectory of directory `name` of `parent` came (`delta` 1) or went (-1) through
@@ -707,30 +704,28 @@ impl MetaCache {
         known: Option<u32>,
         delta: i32,
     ) {
-        self.update_listed_nlink(parent, name, |listed| match (known, listed) {
-            (Some(n), _) => Some(n),
-            (None, Some(n)) if n >= 2 => Some(super::inode::subdir_count(n, delta)),
-            (None, listed) => listed,
+        self.update_listed(parent, name, |e| {
+            e.nlink = match (known, e.nlink) {
+                (Some(n), _) => Some(n),
+                (None, Some(n)) if n >= 2 => Some(super::inode::subdir_count(n, delta)),
+                (None, listed) => listed,
+            }
         });
     }
 
-    /// The link count the cached listing of `parent` shows for `name`, replaced by `new` of
-    /// it (the listing is copied only if that changes it: readdirs may be holding it).
-    fn update_listed_nlink(
-        &mut self,
-        parent: Ino,
-        name: &OsStr,
-        new: impl FnOnce(Option<u32>) -> Option<u32>,
-    ) {
+    /// The entry of `name` in the cached listing of `parent`, changed by `change` (the
+    /// listing is copied only if that changes it: readdirs may be holding it).
+    fn update_listed(&mut self, parent: Ino, name: &OsStr, change: impl FnOnce(&mut DirEntry)) {
         let Some((listing, _)) = self.dirs.get_mut(&parent) else {
             return;
         };
         let Some(pos) = listing.iter().position(|e| e.name == name) else {
             return;
         };
-        let nlink = new(listing[pos].nlink);
-        if listing[pos].nlink != nlink {
-            Arc::make_mut(listing)[pos].nlink = nlink;
+        let mut entry = listing[pos].clone();
+        change(&mut entry);
+        if listing[pos] != entry {
+            Arc::make_mut(listing)[pos] = entry;
         }
     }
 

@@ -797,9 +797,10 @@ impl<R: Remote> OpenFile<R> {
 
     /// Queue an attribute change behind this file's writes. False if the file's write queue
     /// is closed. The caller holds the `files` lock, under which `Fs::release` looks whether
-    /// one came while it waited (see [`OpenFile::setattrs_submitted`]). It is not waited for: everything that must come after it (writes, flush,
-    /// fsync, a stat that drains, a change sent directly) goes through the same queue or
-    /// drains it first, and its failure is latched like a write's.
+    /// one came while it waited (see [`OpenFile::setattrs_submitted`]). It is not waited
+    /// for: everything that must come after it (writes, flush, fsync, a stat that drains, a
+    /// change sent directly) goes through the same queue or drains it first, and its failure
+    /// is latched like a write's.
     pub(crate) fn submit_setattrs(self: &Arc<Self>, fs: &Arc<Fs<R>>, attrs: SetAttrs) -> bool {
         self.setattrs_submitted.fetch_add(1, Ordering::AcqRel);
         if attrs.perm.is_some() {

@@ -3148,7 +3148,9 @@ impl<R: Remote> Fs<R> {
         }
         drop(cache);
         self.dir_names_changed(parent);
-        self.dir_names_changed(new_parent);
+        if new_parent != parent {
+            self.dir_names_changed(new_parent);
+        }
         Ok(())
     }
 
