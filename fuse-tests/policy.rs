@@ -1874,6 +1874,30 @@ fn lease_expiry_unmounts_even_when_the_server_stopped_answering() {
     drop(f);
 }
 
+/// The lease's end gave up on a REMOVE answered early (the server hung): once unmounted, the
+/// process ends too, without waiting another minute for it at the session's end.
+#[test]
+fn lease_expiry_with_a_hung_server_ends_the_process_too() {
+    let sshd = TestSshd::start();
+    fs::write(sshd.export_dir.join("g"), b"doomed").unwrap();
+    let (mut m, _, _) = mount_with_lease(&sshd, 15, 1);
+    fs::metadata(m.p("g")).unwrap();
+    let paused = sshd.pause_sftp_servers();
+    // Answered at once; the server will not carry it out before the lease's end.
+    fs::remove_file(m.p("g")).unwrap();
+    assert!(
+        poll_until(Duration::from_secs(60), || !is_mounted(&m.mnt)),
+        "still mounted a minute into the lease's end"
+    );
+    m.wait_exit(Duration::from_secs(30));
+    let exited = m.exited();
+    drop(paused);
+    assert!(
+        exited,
+        "the mount process still runs 30 s after its unmount"
+    );
+}
+
 #[test]
 fn lease_already_expired_refuses_the_mount() {
     let sshd = TestSshd::start();

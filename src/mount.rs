@@ -720,14 +720,28 @@ const LAST_FLUSH_WAIT: Duration = Duration::from_secs(60);
 /// longer grace period gives it all of it.
 const LEASE_FLUSH_WAIT: Duration = Duration::from_secs(15);
 
-/// A last flush of everything acknowledged, bounded by [`LAST_FLUSH_WAIT`]; what it could
-/// not send is said in the log.
+/// Set when the lease's end gave up waiting for the server to take the writes still on their
+/// way (one mount per process). The flushes at the process's end then wait only
+/// [`ABANDONED_FLUSH_WAIT`]: the server had the whole grace period already, and a process
+/// lingering another minute after its mount is gone holds up whoever waits for it.
+static FLUSH_ABANDONED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The last flush's wait once [`FLUSH_ABANDONED`]: a chance for a server that came back.
+const ABANDONED_FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// A last flush of everything acknowledged, bounded by [`LAST_FLUSH_WAIT`] (or
+/// [`ABANDONED_FLUSH_WAIT`]); what it could not send is said in the log.
 async fn last_flush<R: Remote>(fs: &Arc<Fs<R>>, when: &str) {
-    match tokio::time::timeout(LAST_FLUSH_WAIT, fs.flush_all()).await {
+    let wait = if FLUSH_ABANDONED.load(std::sync::atomic::Ordering::SeqCst) {
+        ABANDONED_FLUSH_WAIT
+    } else {
+        LAST_FLUSH_WAIT
+    };
+    match tokio::time::timeout(wait, fs.flush_all()).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!("some writes could not be flushed {when}: {e}"),
         Err(_) => tracing::error!(
-            "the server did not take the writes still on their way within {LAST_FLUSH_WAIT:?} {when}: they are lost"
+            "the server did not take the writes still on their way within {wait:?} {when}: they are lost"
         ),
     }
 }
@@ -870,6 +884,7 @@ async fn enforce_lease<R: Remote>(
         Err(_) => {
             // (In case the downgrade was cut short before it turned the mount read-only.)
             fs.set_read_only();
+            FLUSH_ABANDONED.store(true, std::sync::atomic::Ordering::SeqCst);
             tracing::error!(
                 "the lease expired: the server did not take the writes still on their way within {flush_wait:?}; unmounting without them"
             )
