@@ -223,13 +223,23 @@ impl Connection {
 
         let mut limits = Limits::default();
         if has(codec::EXT_LIMITS) {
-            match channels[0].request(&Request::Limits).await {
-                Ok(Response::ExtendedReply(data)) => match codec::decode_limits(data) {
+            // Bounded like the channels' start: a server that never answers it must not
+            // hold up the mount, nor a reconnect, forever.
+            let asked = channels[0].request(&Request::Limits);
+            match tokio::time::timeout(cfg.connect_timeout, asked).await {
+                Ok(Ok(Response::ExtendedReply(data))) => match codec::decode_limits(data) {
                     Ok(l) => limits = limits_from_server(&l),
                     Err(e) => debug!("bad limits@openssh.com reply: {e}"),
                 },
-                Ok(other) => debug!("limits@openssh.com answered {}", other.kind_name()),
-                Err(e) => debug!("limits@openssh.com failed: {e}"),
+                Ok(Ok(other)) => debug!("limits@openssh.com answered {}", other.kind_name()),
+                Ok(Err(e)) => debug!("limits@openssh.com failed: {e}"),
+                Err(_) => {
+                    return Err(ConnectError::sftp(format!(
+                        "{}: the SFTP server did not answer limits@openssh.com within {:?}",
+                        cfg.host_port(),
+                        cfg.connect_timeout
+                    )))
+                }
             }
         }
         debug!(
@@ -626,7 +636,9 @@ async fn status_then_attrs(
 
 fn expect_handle(op: &str, r: Response) -> RemoteResult<Bytes> {
     match r {
-        Response::Handle(h) => Ok(h),
+        // Copied out of the reply: a slice would keep the whole receive buffer it came in
+        // (up to a packet of 512 KiB) alive for as long as the file is open.
+        Response::Handle(h) => Ok(Bytes::copy_from_slice(&h)),
         Response::Status { code, message } => Err(status_err(code, message)),
         other => Err(unexpected(op, &other)),
     }
@@ -647,6 +659,24 @@ fn expect_one_name(op: &str, r: Response) -> RemoteResult<PathBuf> {
         }
         Response::Status { code, message } => Err(status_err(code, message)),
         other => Err(unexpected(op, &other)),
+    }
+}
+
+/// A REALPATH answer is an absolute path without `.` or `..` in it: the containment checks
+/// compare it with the workspace's root by its components (`/ws/../etc` starts with `/ws`),
+/// and an empty or relative one would start with anything. A server that answers otherwise
+/// is broken or hostile.
+fn canonical(op: &str, path: PathBuf) -> RemoteResult<PathBuf> {
+    use std::path::Component;
+    let ok = path.is_absolute()
+        && path
+            .components()
+            .all(|c| matches!(c, Component::RootDir | Component::Normal(_)));
+    match ok {
+        true => Ok(path),
+        false => Err(RemoteError::Protocol(format!(
+            "{op} answered {path:?}, not an absolute path without `.` or `..`"
+        ))),
     }
 }
 
@@ -1529,7 +1559,7 @@ impl Remote for SftpRemote {
 
     async fn realpath(&self, path: &Path) -> RemoteResult<PathBuf> {
         let r = self.idempotent_request(&Request::Realpath { path }).await?;
-        expect_one_name("REALPATH", r)
+        canonical("REALPATH", expect_one_name("REALPATH", r)?)
     }
 }
 
@@ -1645,6 +1675,9 @@ impl Default for Listing {
     }
 }
 
+/// The longest name a Linux directory entry may have (`NAME_MAX`).
+const NAME_MAX: usize = 255;
+
 impl Listing {
     /// Keep the entries of one NAME reply (`.`, `..`, and names no directory can hold are
     /// skipped); an error once the listing has grown past its bound.
@@ -1661,8 +1694,11 @@ impl Listing {
             if name == OsStr::new(".") || name == OsStr::new("..") {
                 continue;
             }
-            if name.as_bytes().is_empty() || name.as_bytes().contains(&b'/') {
-                debug!("skipping bad directory entry name {name:?}");
+            // (Longer than NAME_MAX: no directory holds it, and a hostile server's
+            // half-megabyte names must not be kept, up to the item bound, until the end.)
+            let bytes = name.as_bytes();
+            if bytes.is_empty() || bytes.contains(&b'/') || bytes.len() > NAME_MAX {
+                debug!(len = bytes.len(), "skipping bad directory entry name");
                 continue;
             }
             let nlink = n.nlink();
@@ -1708,9 +1744,22 @@ mod tests {
     }
 
     #[test]
+    fn a_realpath_answer_must_be_absolute_and_without_dot_dot() {
+        let answer = |p: &str| canonical("REALPATH", PathBuf::from(p));
+        assert_eq!(answer("/ws/d").unwrap(), PathBuf::from("/ws/d"));
+        assert_eq!(answer("/").unwrap(), PathBuf::from("/"));
+        for bad in ["", "ws/d", "/ws/../etc", "/ws/d/..", "..", "./x"] {
+            assert!(
+                matches!(answer(bad), Err(RemoteError::Protocol(_))),
+                "{bad:?} must be refused"
+            );
+        }
+    }
+
+    #[test]
     fn a_listing_that_never_ends_is_cut_off() {
         let mut listing = Listing {
-            max_items: 10,
+            max_items: 12,
             ..Default::default()
         };
         listing
@@ -1720,10 +1769,13 @@ mod tests {
                 name(b"a"),
                 name(b"b/c"),
                 name(b""),
+                name(&[b'x'; 256]),
+                name(&[b'y'; 255]),
             ])
             .unwrap();
         let kept: Vec<_> = listing.entries.iter().map(|e| e.name.clone()).collect();
-        assert_eq!(kept, [OsStr::new("a")]);
+        let longest = OsStr::from_bytes(&[b'y'; 255]);
+        assert_eq!(kept, [OsStr::new("a"), longest]);
         // Empty replies count too: a server answering NAME with no names forever.
         for _ in 0..5 {
             listing.take(Vec::new()).unwrap();
