@@ -436,13 +436,14 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let page_writeback = write_flags.contains(WriteFlags::FUSE_WRITE_CACHE);
         // The write is queued here, on the FUSE thread, so writes keep the kernel's order.
-        let queued = self.fs.write(fh.0, offset, data);
+        let queued = self.fs.write_from(fh.0, offset, data, page_writeback);
         self.spawn("write", req, async move {
             match queued.await {
                 Ok(n) => reply.written(n),

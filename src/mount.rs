@@ -750,7 +750,7 @@ async fn last_flush<R: Remote>(fs: &Arc<Fs<R>>, when: &str) {
 /// already acknowledged are flushed to the server, and (as root) the kernel mount itself is
 /// remounted `ro` so tools see it in /proc/mounts too.
 pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<(), String> {
-    let first = !fs.is_read_only();
+    let first = !fs.is_read_only() && fs.refuse_changes_but_page_writeback();
     if first {
         write_back_mapped_pages(fs, mountpoint).await;
     }
@@ -779,7 +779,7 @@ pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<
 /// which after the downgrade would be refused (EROFS) and lose them. `syncfs` would start
 /// that writeback but, on FUSE, not wait for it (the kernel does not let a FUSE server hold
 /// up `sync`); `fsync` of a file does wait, so each such file is opened through the mount and
-/// fsynced, while writes are still accepted. Bounded, so that a server that stopped answering
+/// fsynced, while the kernel's writes of its pages are still accepted. Bounded, so that a server that stopped answering
 /// cannot hold up the downgrade (the pages are then lost as before, and `msync` says so).
 /// A file whose name was removed cannot be opened again, and is left to its descriptors.
 async fn write_back_mapped_pages<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) {
@@ -991,7 +991,9 @@ async fn measure_base_usage(remote: Arc<SftpRemote>, root: PathBuf, enforcer: Ar
             seen += 1;
             match e.attrs.file_type() {
                 crate::remote::FileKind::Dir => dirs.push(dir.join(&e.name)),
-                crate::remote::FileKind::File => total += e.attrs.size.unwrap_or(0),
+                crate::remote::FileKind::File => {
+                    total = total.saturating_add(e.attrs.size.unwrap_or(0))
+                }
                 _ => {}
             }
         }

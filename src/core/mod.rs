@@ -317,6 +317,9 @@ pub struct Fs<R: Remote> {
     root: PathBuf,
     config: Mutex<FsConfig>,
     read_only: AtomicBool,
+    /// A downgrade has begun: every change is refused but the kernel's write-back of pages
+    /// dirtied before it (see [`Fs::refuse_changes_but_page_writeback`]).
+    downgrading: AtomicBool,
     /// Mutating operations past their read-only check and not yet done (see [`Mutating`]).
     mutations: AtomicUsize,
     /// Told when `mutations` drops to zero.
@@ -592,6 +595,7 @@ impl<R: Remote> Fs<R> {
             rt,
             root,
             read_only: AtomicBool::new(config.read_only),
+            downgrading: AtomicBool::new(false),
             mutations: AtomicUsize::new(0),
             mutations_done: tokio::sync::Notify::new(),
             cache: Mutex::new(MetaCache::new(config.cache)),
@@ -662,7 +666,18 @@ impl<R: Remote> Fs<R> {
     }
 
     pub fn is_read_only(&self) -> bool {
-        self.read_only.load(Ordering::Acquire)
+        self.read_only.load(Ordering::Acquire) || self.downgrading.load(Ordering::Acquire)
+    }
+
+    /// The first step of a downgrade: from now on every change is refused with EROFS, as on
+    /// a read-only mount, but for WRITEs of the kernel's page cache (`FUSE_WRITE_CACHE`):
+    /// pages a shared writable mapping dirtied before are still in the kernel only, and the
+    /// downgrade has them written back before [`Fs::set_read_only`] refuses those too. (Had
+    /// the mount stayed writable meanwhile, anything could have changed the server after
+    /// the lease's end for as long as that write-back took.) True if this call began it.
+    pub fn refuse_changes_but_page_writeback(&self) -> bool {
+        // SeqCst, against `check_writable`'s count and check (see there).
+        !self.downgrading.swap(true, Ordering::SeqCst)
     }
 
     /// Turn the mount read-only from now on (lease expiry, `awcp-mount downgrade`). Writes
@@ -709,12 +724,20 @@ impl<R: Remote> Fs<R> {
     /// is read, and the flag set before the count is read (both SeqCst): either the
     /// downgrade sees the operation, or the operation sees the flag.
     fn check_writable(&self, what: &str) -> FsResult<Mutating<'_>> {
+        self.check_writable_unless(what, false)
+    }
+
+    /// [`Fs::check_writable`], for a WRITE of the kernel's page cache if `page_writeback`,
+    /// which a downgrade lets through until the mount is read-only.
+    fn check_writable_unless(&self, what: &str, page_writeback: bool) -> FsResult<Mutating<'_>> {
         self.mutations.fetch_add(1, Ordering::SeqCst);
         let guard = Mutating {
             count: &self.mutations,
             done: &self.mutations_done,
         };
-        if self.read_only.load(Ordering::SeqCst) {
+        if self.read_only.load(Ordering::SeqCst)
+            || (!page_writeback && self.downgrading.load(Ordering::SeqCst))
+        {
             return Err(FsError::new(
                 libc::EROFS,
                 format!("{what}: the mount is read-only"),
@@ -916,9 +939,16 @@ impl<R: Remote> Fs<R> {
             blocks: size.div_ceil(512),
             atime,
             mtime,
-            // (From the server's mtime: one set through the mount may be in the future,
-            // and setting it changed the status now.)
-            ctime: changed.map_or(server_mtime, |c| c.max(server_mtime)),
+            // The later of the last change through the mount and the server's mtime (a
+            // change on the server changed the status too), but for an mtime set through
+            // the mount and still the server's: setting it changed the status now, whatever
+            // time it set (one in the future must not freeze the ctime there, as
+            // `touch -d tomorrow; chmod` shows on a local disk).
+            ctime: match changed {
+                Some(c) if set.mtime.is_some_and(|t| a.mtime == Some(t.sent)) => c,
+                Some(c) => c.max(server_mtime),
+                None => server_mtime,
+            },
             kind,
             perm: (a.mode.unwrap_or(0) & 0o7777 & !umask) as u16,
             // SFTP v3 has no link count: the table's (a listing's, kept up to date by links
@@ -1936,7 +1966,17 @@ impl<R: Remote> Fs<R> {
         let landing = self.inodes.lock().unwrap().kind(ino) == Some(FileKind::Dir)
             && (self.creates_behind.in_dir(ino) || self.removes_behind.in_dir(ino));
         let a = self.fetch_attrs(ino).await?;
-        let attrs = self.with_pending_size(ino, a.attrs);
+        let mut attrs = self.with_pending_size(ino, a.attrs);
+        if landing {
+            // The server's mtime may be from before a name change the mount has answered
+            // (`unlink; stat .` must see the mtime move): not older than that change, in
+            // whole seconds as the server's own, until the server has carried it out.
+            let changed = self.inodes.lock().unwrap().last_status_change(ino);
+            if let Some(changed) = changed {
+                let changed = to_seconds(TimeSpec::At(changed));
+                attrs.mtime = Some(attrs.mtime.map_or(changed, |m| m.max(changed)));
+            }
+        }
         // (Maybe from the cache: then for what its copy has left.)
         let ttl = match landing {
             true => Duration::ZERO,
@@ -2426,12 +2466,82 @@ impl<R: Remote> Fs<R> {
     /// contained: a link made on the server to outside may be moved, only not to where it
     /// escapes. Links inside a directory moved up are not looked for (SECURITY.md): the
     /// kernel still gets only targets checked where it reads them.
+    ///
+    /// With `follow_symlinks` a link is shown as what it points to, but a rename or a hard
+    /// link moves or links the link itself: under `contain`, the server is asked what is at
+    /// `from`.
     async fn check_symlink_put_at(&self, ino: Ino, from: &Path, to: &Path) -> FsResult<()> {
-        if self.inodes.lock().unwrap().kind(ino) != Some(FileKind::Symlink) {
+        let target = match self.inodes.lock().unwrap().kind(ino) {
+            Some(FileKind::Symlink) => None,
+            _ if self.follows_links_contained() => Some(()),
+            _ => return Ok(()),
+        };
+        let target = match target {
+            None => self.link_target(ino, from).await?,
+            Some(()) => match self.remote.lstat(from).await {
+                Ok(a) if a.file_type() != FileKind::Symlink => return Ok(()),
+                Ok(_) => match self.remote.readlink(from).await {
+                    Ok(target) => target,
+                    Err(e) => return Err(self.explain(Op::Readlink, e, from, None).await),
+                },
+                Err(e) => return Err(self.explain(Op::Lookup, e, from, None).await),
+            },
+        };
+        self.check_symlink_made_at(to, &target).await
+    }
+
+    /// Whether symlinks are followed on the server (`follow_symlinks`) and contained.
+    fn follows_links_contained(&self) -> bool {
+        self.enforcer.symlinks() == SymlinkMode::Contain
+            && self.config.lock().unwrap().follow_symlinks
+    }
+
+    /// [`Fs::check_symlink`] for a link about to be made at `path` on the server. With
+    /// `follow_symlinks` a directory reached through a followed link is somewhere else on
+    /// the server than its path says (`d/s -> ../..` is the workspace's root there): the
+    /// target is checked where the server's REALPATH puts the directory too, or `../x`
+    /// made in it would lead the lender's tools out of the workspace.
+    async fn check_symlink_made_at(&self, path: &Path, target: &Path) -> FsResult<()> {
+        self.check_symlink(path, target)?;
+        if !self.follows_links_contained() {
             return Ok(());
         }
-        let target = self.link_target(ino, from).await?;
-        self.check_symlink(to, &target)
+        let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else {
+            return Ok(());
+        };
+        // (No answer: the server will not make the link there either.)
+        let Ok(real) = self.remote.realpath(dir).await else {
+            return Ok(());
+        };
+        if real == dir {
+            return Ok(());
+        }
+        match self.shown_path_of_real(&real) {
+            Some(shown) => self.check_symlink(&shown.join(name), target),
+            None => Err(FsError::new(
+                libc::EPERM,
+                format!(
+                    "{}: the server resolves its directory to {}, outside the workspace; \
+                     refused by the symlink policy (contain)",
+                    path.display(),
+                    real.display()
+                ),
+            )),
+        }
+    }
+
+    /// A path as the mount would show the server's resolved path `real` (under the export
+    /// root, or under a resource link's real directory), for the containment check; None if
+    /// it is in neither.
+    fn shown_path_of_real(&self, real: &Path) -> Option<PathBuf> {
+        if real.starts_with(&self.root) {
+            return Some(real.to_path_buf());
+        }
+        let links = self.resource_links.lock().unwrap();
+        links.iter().find_map(|(name, dir)| {
+            let rest = real.strip_prefix(dir).ok()?;
+            Some(self.root.join(name).join(rest))
+        })
     }
 
     /// The target of the symlink `ino` (at `path`), cached or asked, before any policy.
@@ -2683,7 +2793,7 @@ impl<R: Remote> Fs<R> {
         if target.as_os_str().is_empty() {
             return Err(FsError::new(libc::ENOENT, "empty symlink target"));
         }
-        self.check_symlink(&path, target)?;
+        self.check_symlink_made_at(&path, target).await?;
         self.reserve_entry(&path)?;
         if let Err(e) = self.remote.symlink(target, &path).await {
             self.enforcer.quota.release_entry(None, 0);
@@ -3388,7 +3498,7 @@ impl<R: Remote> Fs<R> {
             }
         }
         if flags.truncate {
-            let handle = self.open_truncating(ino, &path, flags).await?;
+            let handle = self.open_truncating(ino, &path, flags, req.caller).await?;
             return Ok(self.register_file(ino, flags, handle, req.pid));
         }
         // Before the checks below: a write through the mount after it shows as a change since
@@ -3471,6 +3581,7 @@ impl<R: Remote> Fs<R> {
         ino: Ino,
         path: &Path,
         flags: OpenFlags,
+        caller: Caller,
     ) -> FsResult<R::Handle> {
         // As before a truncate by setattr: the writes of other descriptors still on their
         // way land first (or they would extend the emptied file again), and what a creating
@@ -3486,7 +3597,7 @@ impl<R: Remote> Fs<R> {
         // The lease may have ended while the writes landed.
         let _mutating = self.check_writable("open with O_TRUNC")?;
         let since = self.cache.lock().unwrap().now();
-        let (handle, attrs) = match self.truncating_open(path, flags).await {
+        let (handle, attrs) = match self.truncating_open(path, flags, caller).await {
             Ok(o) => o,
             Err(e) => {
                 // It may have been truncated all the same (a failure after the OPEN): what
@@ -3524,6 +3635,7 @@ impl<R: Remote> Fs<R> {
         &self,
         path: &Path,
         flags: OpenFlags,
+        caller: Caller,
     ) -> FsResult<(R::Handle, Option<Attrs>)> {
         let (handle, attrs) = match self.remote.open_stat(path, flags, 0).await {
             Ok(o) => o,
@@ -3537,18 +3649,39 @@ impl<R: Remote> Fs<R> {
         let attrs = attrs.filter(|a| a.file_type() == FileKind::File);
         // (O_RDONLY|O_TRUNC, which POSIX leaves unspecified, is not truncated again: a handle
         // opened for reading cannot be, and the name may lead to another file by now.)
-        if attrs.is_none_or(|a| a.size.is_none_or(|s| s == 0)) || !flags.write {
+        if !flags.write {
             return Ok((handle, attrs));
         }
-        // Opened, not truncated: SFTP v3 defines TRUNC only together with CREAT, and a server
-        // other than OpenSSH (which truncates either way) may ignore it alone. (On OpenSSH
-        // the size shows only a write that came in between, from another client or another
-        // descriptor, and so was at the same time as the open: it may go before the
+        // Opened, maybe not truncated: SFTP v3 defines TRUNC only together with CREAT, and a
+        // server other than OpenSSH (which truncates either way) may ignore it alone. (On
+        // OpenSSH the size shows only a write that came in between, from another client or
+        // another descriptor, and so was at the same time as the open: it may go before the
         // truncate, as it does here.)
+        let size = attrs
+            .is_some_and(|a| a.size.is_some_and(|s| s != 0))
+            .then_some(0);
+        // A truncate by anyone but root clears the set-user-ID bit, and the set-group-ID bit
+        // of a group-executable file, as on a local disk (with `atomic_o_trunc` the kernel
+        // leaves that to us, and a server running as root keeps them).
+        let perm = attrs
+            .and_then(|a| a.mode)
+            .filter(|_| caller.uid != 0)
+            .and_then(|m| {
+                let sgid = match m & libc::S_IXGRP != 0 {
+                    true => m & libc::S_ISGID,
+                    false => 0,
+                };
+                let kill = (m & libc::S_ISUID) | sgid;
+                (kill != 0).then_some(m & !kill & 0o7777)
+            });
         let set = SetAttrs {
-            size: Some(0),
+            size,
+            perm,
             ..Default::default()
         };
+        if set.is_empty() {
+            return Ok((handle, attrs));
+        }
         if let Err(e) = self.remote.fsetstat(&handle, set).await {
             let _ = self.remote.close(&handle).await;
             return Err(self.explain_sized(Op::Setattr, e, path, 0).await);
@@ -4483,9 +4616,21 @@ impl<R: Remote> Fs<R> {
         offset: u64,
         data: &[u8],
     ) -> impl std::future::Future<Output = FsResult<u32>> + Send + 'static {
+        self.write_from(fh, offset, data, false)
+    }
+
+    /// [`Fs::write`], of pages of the kernel's page cache if `page_writeback` (the kernel
+    /// writing back what a shared writable mapping dirtied: `FUSE_WRITE_CACHE`).
+    pub fn write_from(
+        self: &Arc<Self>,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        page_writeback: bool,
+    ) -> impl std::future::Future<Output = FsResult<u32>> + Send + 'static {
         let this = self.clone();
         let queued = (|| {
-            let _mutating = self.check_writable("write")?;
+            let _mutating = self.check_writable_unless("write", page_writeback)?;
             let file = self.file(fh)?;
             if let Some(e) = file.never_opened() {
                 // Its create failed: nothing to write to, nothing to charge.

@@ -92,6 +92,21 @@ impl Harness {
         )
     }
 
+    /// `follow_symlinks` under the default policy (`symlinks = "contain"`), long TTLs.
+    fn following_contained_symlinks() -> Self {
+        let contain = Arc::new(crate::policy::enforcer::Enforcer::from_policy(
+            &crate::policy::Policy::default(),
+        ));
+        Self::with(
+            FsConfig {
+                follow_symlinks: true,
+                enforcer: contain,
+                ..config(long_ttls())
+            },
+            None,
+        )
+    }
+
     /// Mounted with `follow_symlinks` (a symlink shown as what it points to), long TTLs.
     fn following_symlinks() -> Self {
         Self::with(
@@ -1065,6 +1080,57 @@ async fn open_with_o_trunc_truncates_after_writes_on_their_way() {
         setstats,
         "truncated by a SETSTAT"
     );
+}
+
+/// `open(O_TRUNC)` by anyone but root clears the set-user-ID bit and the set-group-ID bit of
+/// a group-executable file, as a truncate does on a local disk; root's keeps them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_with_o_trunc_clears_set_id_bits_but_for_root() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let h = Harness::new();
+    let cases = [
+        (
+            "user",
+            0o6755,
+            Caller {
+                uid: 1000,
+                gid: 1000,
+            },
+            0o755,
+        ),
+        (
+            "nox",
+            0o2644,
+            Caller {
+                uid: 1000,
+                gid: 1000,
+            },
+            0o2644,
+        ),
+        ("root", 0o6755, Caller::ROOT, 0o6755),
+    ];
+    for (name, mode, _, _) in cases {
+        std::fs::write(h.disk(name), b"data").unwrap();
+        std::fs::set_permissions(h.disk(name), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    for (name, _, caller, left) in cases {
+        let ino = h.lookup(ROOT, name).await;
+        let req = OpenRequest {
+            flags: libc::O_WRONLY | libc::O_TRUNC,
+            pid: 0,
+            caller,
+        };
+        let fh = h.fs.open(ino, req).await.unwrap();
+        let (a, _) = h.fs.getattr(ino, None).await.unwrap();
+        h.fs.release(fh).await.unwrap();
+        let meta = h.meta(name);
+        assert_eq!(
+            (meta.len(), meta.permissions().mode() & 0o7777),
+            (0, left),
+            "{name}: on the server"
+        );
+        assert_eq!(u32::from(a.perm), left, "{name}: shown");
+    }
 }
 
 /// `keep_cache`: an open leaves the kernel's pages of a file in place while every one of
@@ -4421,6 +4487,38 @@ async fn setattr_with_nothing_to_set_moves_the_ctime_only() {
     assert!(a.ctime > before, "ctime {:?} not after {before:?}", a.ctime);
 }
 
+/// An mtime set in the future (`touch -d` a date to come) does not hold the ctime there:
+/// setting it, and every change after it, moved the status now, as on a local disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_future_mtime_set_through_the_mount_does_not_freeze_the_ctime() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"data").unwrap();
+    let f = h.lookup(ROOT, "f").await;
+    let future = UNIX_EPOCH + Duration::from_secs(1_950_000_000);
+    let set = SetattrRequest {
+        mtime: Some(TimeSpec::At(future)),
+        ..Default::default()
+    };
+    let a = h.fs.setattr(f, None, set).await.unwrap();
+    assert_eq!(a.mtime, future);
+    let soon = SystemTime::now() + Duration::from_secs(60);
+    assert!(
+        a.ctime < soon,
+        "ctime {:?} after setting the mtime",
+        a.ctime
+    );
+    let chmod = SetattrRequest {
+        mode: Some(libc::S_IFREG | 0o600),
+        ..Default::default()
+    };
+    let b = h.fs.setattr(f, None, chmod).await.unwrap();
+    assert!(b.ctime < soon, "ctime {:?} after a chmod", b.ctime);
+    assert!(b.ctime >= a.ctime);
+    let (c, _) = h.fs.getattr(f, None).await.unwrap();
+    assert!(c.ctime < soon, "ctime {:?} of a stat", c.ctime);
+    assert_eq!(c.mtime, future);
+}
+
 /// What tar does for every file it extracts: chown, chmod, set times. Without set-id bits
 /// each is one SETSTAT and nothing else, and every reply agrees with the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -4881,6 +4979,35 @@ async fn read_only_refuses_every_mutation_and_reads_still_work() {
     h.fs.flush(wfh).await.unwrap();
     h.fs.release(wfh).await.unwrap();
     assert_eq!(h.open_handles().await, 0);
+}
+
+/// Once a downgrade has begun, changes get EROFS at once but for the kernel's write-back of
+/// pages a shared mapping dirtied before, which lands until the mount is read-only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgrade_refuses_changes_at_once_but_page_writeback() {
+    let h = Harness::new();
+    let (_, wfh) = h.create(ROOT, "f").await;
+    h.write(wfh, 0, b"one").await;
+    assert!(h.fs.refuse_changes_but_page_writeback());
+    assert!(!h.fs.refuse_changes_but_page_writeback(), "begun once");
+    assert!(h.fs.is_read_only());
+    assert_errno(h.fs.write(wfh, 0, b"two").await, libc::EROFS, "write");
+    assert_errno(
+        h.fs.mkdir(ROOT, os("d"), DIR_MODE, UMASK, Caller::ROOT)
+            .await,
+        libc::EROFS,
+        "mkdir",
+    );
+    assert_errno(h.fs.unlink(ROOT, os("f")).await, libc::EROFS, "unlink");
+    assert_eq!(h.fs.write_from(wfh, 3, b"page", true).await.unwrap(), 4);
+    h.fs.set_read_only();
+    assert_errno(
+        h.fs.write_from(wfh, 0, b"late", true).await,
+        libc::EROFS,
+        "page write-back after the downgrade",
+    );
+    h.fs.flush(wfh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"onepage");
 }
 
 // ------------------------------------------------------------------------------ large reads
@@ -5376,6 +5503,64 @@ async fn link_of_a_followed_symlink_shows_the_file() {
     let e = h.fs.readdirplus_entry(ROOT, item).await.unwrap();
     assert_eq!((e.attr.kind, e.attr.size), (FileKind::File, 5), "listed");
     h.fs.releasedir(dh);
+}
+
+/// With `follow_symlinks` a link is shown as the file it points to, but a rename or a hard
+/// link of it moves or links the link itself on the server: under `contain`, not to where
+/// its target leads out of the workspace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_symlink_is_not_moved_or_linked_to_where_it_escapes() {
+    let h = Harness::following_contained_symlinks();
+    std::fs::create_dir_all(h.disk("a/b")).unwrap();
+    std::fs::create_dir_all(h.disk("a/c")).unwrap();
+    std::fs::write(h.disk("a/t"), b"12345").unwrap();
+    std::os::unix::fs::symlink("../t", h.disk("a/b/l")).unwrap();
+    let a = h.lookup(ROOT, "a").await;
+    let b = h.lookup(a, "b").await;
+    let c = h.lookup(a, "c").await;
+    let l = h.fs.lookup(b, os("l")).await.unwrap().attr;
+    assert_eq!((l.kind, l.size), (FileKind::File, 5), "followed");
+    assert_errno(
+        h.fs.rename(b, os("l"), ROOT, os("l"), 0).await,
+        libc::EPERM,
+        "rename to the top",
+    );
+    assert_errno(
+        h.fs.link(l.ino, ROOT, os("l2")).await,
+        libc::EPERM,
+        "link at the top",
+    );
+    assert!(h.disk("a/b/l").is_symlink() && !h.disk("l").exists() && !h.disk("l2").exists());
+    // Where it still leads inside: as before.
+    h.fs.rename(b, os("l"), c, os("l"), 0).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("a/c/l")).unwrap(), b"12345");
+}
+
+/// With `follow_symlinks` a directory reached through a followed link (`d1/d2/s -> ../..`,
+/// the workspace's root on the server) is somewhere else on the server than its path says:
+/// a symlink made in it is checked where the server makes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_symlink_made_through_a_followed_directory_link_is_checked_where_it_lands() {
+    let h = Harness::following_contained_symlinks();
+    std::fs::create_dir_all(h.disk("d1/d2")).unwrap();
+    std::os::unix::fs::symlink("../..", h.disk("d1/d2/s")).unwrap();
+    let d1 = h.lookup(ROOT, "d1").await;
+    let d2 = h.lookup(d1, "d2").await;
+    let s = h.fs.lookup(d2, os("s")).await.unwrap().attr;
+    assert_eq!(s.kind, FileKind::Dir, "followed");
+    for escaping in ["../x", "../../../x"] {
+        assert_errno(
+            h.fs.symlink(s.ino, os("l"), Path::new(escaping), Caller::ROOT)
+                .await,
+            libc::EPERM,
+            escaping,
+        );
+        assert!(!h.disk("l").is_symlink(), "{escaping} made");
+    }
+    h.fs.symlink(s.ino, os("l"), Path::new("d1"), Caller::ROOT)
+        .await
+        .unwrap();
+    assert_eq!(std::fs::read_link(h.disk("l")).unwrap(), Path::new("d1"));
 }
 
 /// A server that opens without truncating when TRUNC comes without CREAT (SFTP v3 allows
@@ -7398,8 +7583,9 @@ async fn readdir_names(h: &Harness, dir: Ino) -> Vec<OsString> {
 
 /// `stat` of a directory while an unlink in it answered early is on its way (`rm f; stat
 /// -c %Y .`) may show the mtime from before the REMOVE, but for no longer than that: it is
-/// answered with TTL 0 and not kept, and once the REMOVE is carried out `stat` shows the
-/// mtime it gave (before, the old one was kept for the attribute TTL).
+/// answered with TTL 0 and not kept, with the mtime of the unlink, and once the REMOVE is
+/// carried out `stat` shows the mtime it gave (before, the old one was kept for the
+/// attribute TTL).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unlink_behind_then_stat_of_the_directory_shows_its_new_mtime() {
     let h = Harness::new();
@@ -7412,17 +7598,25 @@ async fn unlink_behind_then_stat_of_the_directory_shows_its_new_mtime() {
         .set_times(old)
         .unwrap();
     h.plan.hold(ROp::Remove);
+    let unlinked = secs(SystemTime::now());
     h.fs.unlink(d, os("a")).await.unwrap();
     assert_eq!(h.fs.stats.unlinks_behind.load(Ordering::Relaxed), 1);
-    // Not waited for: the REMOVE is still held.
+    // Not waited for: the REMOVE is still held. The server's mtime is from before it, but
+    // the unlink has been answered: the mtime shown is not older than it (pjdfstest's
+    // unlink/00.t asks just that), in whole seconds as the server's own.
     let (a, ttl) = tokio::time::timeout(Duration::from_secs(30), h.fs.getattr(d, None))
         .await
         .expect("stat waited for the REMOVE")
         .unwrap();
+    assert_eq!(ttl, Duration::ZERO, "TTL while the REMOVE is on its way");
+    assert!(
+        secs(a.mtime) >= unlinked && a.mtime <= SystemTime::now(),
+        "mtime {:?} while the REMOVE is on its way, unlinked at {unlinked}",
+        a.mtime
+    );
     assert_eq!(
-        (secs(a.mtime), ttl),
-        (1_000_000, Duration::ZERO),
-        "stat while the REMOVE is on its way"
+        a.mtime.duration_since(UNIX_EPOCH).unwrap().subsec_nanos(),
+        0
     );
     h.plan.release(ROp::Remove);
     eventually("the REMOVE carried out", || !h.disk("d/a").exists()).await;
