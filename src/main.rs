@@ -197,19 +197,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let cli = match args.first() {
-        // Run by mount(8) as /sbin/mount.fuse.awcp: same job, mount(8)'s argument convention.
-        Some(argv0) if awcp_mount::mount_helper::invoked_as_helper(argv0.as_ref()) => {
-            match awcp_mount::mount_helper::translate(&args) {
-                Ok(translated) => Cli::parse_from(translated),
-                Err(e) => {
-                    eprintln!("mount.fuse.awcp: {e}");
-                    return ExitCode::from(1);
-                }
-            }
+    // Run by mount(8) as /sbin/mount.fuse.awcp: same job, mount(8)'s argument convention.
+    // `args_os`: a path given on the command line need not be UTF-8 (`args` would panic).
+    let cli = match awcp_mount::mount_helper::command_line(std::env::args_os().collect()) {
+        Ok(args) => Cli::parse_from(args),
+        Err(e) => {
+            eprintln!("mount.fuse.awcp: {e}");
+            return ExitCode::from(1);
         }
-        _ => Cli::parse(),
     };
     // `-o debug` counts as `-d` (as for sshfs). The log is set up once, before anything logs;
     // a bad option list is reported by the mount itself.

@@ -7,7 +7,8 @@
 //! `defaults`, ...) are dropped, everything else is passed on as `-o`. The result daemonizes
 //! as usual, so mount(8) returns once the mount is live.
 
-use std::ffi::OsStr;
+use std::ffi::{OsStr, OsString};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Names under which awcp-mount acts as a mount(8) helper.
@@ -38,20 +39,45 @@ fn for_mount_itself(opt: &str) -> bool {
         || opt.starts_with("_")
 }
 
+/// The command line `awcp-mount` parses (argv[0] included): its own, or, when run by mount(8)
+/// as `mount.fuse.awcp`, the one [`translate`] makes of mount(8)'s. The arguments stay
+/// `OsString`s: a mount point (or any path) need not be UTF-8.
+pub fn command_line(args: Vec<OsString>) -> Result<Vec<OsString>, String> {
+    match args.first() {
+        Some(argv0) if invoked_as_helper(argv0) => translate(&args),
+        _ => Ok(args),
+    }
+}
+
 /// Translate a helper command line (argv[0] included) into an awcp-mount command line.
-pub fn translate(args: &[String]) -> Result<Vec<String>, String> {
+pub fn translate(args: &[OsString]) -> Result<Vec<OsString>, String> {
     let usage = "usage: mount.fuse.awcp [USER@]HOST:[DIR] MOUNTPOINT [-sfnv] [-o OPTIONS]";
-    let mut positional = Vec::new();
+    let mut positional: Vec<OsString> = Vec::new();
     let mut options: Vec<String> = Vec::new();
     let mut it = args.iter().skip(1);
+    // Options are text; a source or a mount point may be any bytes.
+    let text = |a: &OsStr| {
+        a.to_str().map(str::to_string).ok_or_else(|| {
+            format!(
+                "{}: an option that is not valid UTF-8; write options in UTF-8 (only the source and the mount point may be other bytes); {usage}",
+                a.to_string_lossy()
+            )
+        })
+    };
     while let Some(a) = it.next() {
+        if a.as_bytes().first() != Some(&b'-') || a.len() == 1 {
+            positional.push(a.clone());
+            continue;
+        }
+        let a = text(a)?;
         match a.as_str() {
             "-o" => {
                 let list = it
                     .next()
                     .ok_or_else(|| format!("-o needs a value; {usage}"))?;
                 options.extend(
-                    list.split(',')
+                    text(list)?
+                        .split(',')
                         .filter(|o| !o.is_empty())
                         .map(str::to_string),
                 );
@@ -60,13 +86,13 @@ pub fn translate(args: &[String]) -> Result<Vec<String>, String> {
             "-t" | "-N" => {
                 it.next();
             }
-            s if s.starts_with("-o") && s.len() > 2 => options.extend(
+            s if s.starts_with("-o") => options.extend(
                 s[2..]
                     .split(',')
                     .filter(|o| !o.is_empty())
                     .map(str::to_string),
             ),
-            s if s.starts_with('-') && s.len() > 1 => {
+            s => {
                 for flag in s[1..].chars() {
                     match flag {
                         // sloppy, fake, no-mtab: nothing to do for a FUSE filesystem.
@@ -77,20 +103,19 @@ pub fn translate(args: &[String]) -> Result<Vec<String>, String> {
                     }
                 }
             }
-            _ => positional.push(a.clone()),
         }
     }
     let [source, dir] = positional.as_slice() else {
         return Err(usage.to_string());
     };
-    let mut out = vec!["awcp-mount".to_string(), source.clone(), dir.clone()];
+    let mut out = vec![OsString::from("awcp-mount"), source.clone(), dir.clone()];
     let kept: Vec<String> = options
         .into_iter()
         .filter(|o| !for_mount_itself(o))
         .collect();
     if !kept.is_empty() {
         out.push("-o".into());
-        out.push(kept.join(","));
+        out.push(kept.join(",").into());
     }
     Ok(out)
 }
@@ -100,7 +125,8 @@ mod tests {
     use super::*;
 
     fn t(args: &[&str]) -> Result<Vec<String>, String> {
-        translate(&args.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        let out = translate(&args.iter().map(OsString::from).collect::<Vec<_>>())?;
+        Ok(out.into_iter().map(|a| a.into_string().unwrap()).collect())
     }
 
     #[test]
@@ -145,5 +171,40 @@ mod tests {
         assert!(t(&["mount.fuse.awcp", "h:", "/m", "-z"]).is_err());
         assert!(invoked_as_helper(OsStr::new("/usr/sbin/mount.fuse.awcp")));
         assert!(!invoked_as_helper(OsStr::new("awcp-mount")));
+    }
+
+    /// A mount point whose name is not UTF-8 (byte 0xff) reaches clap as it is, run as
+    /// awcp-mount or by mount(8); it used to panic in `std::env::args()`. An option that is not
+    /// UTF-8 is refused with a message, not a panic.
+    #[test]
+    fn arguments_need_not_be_utf8() {
+        use std::os::unix::ffi::OsStringExt;
+        let mp = OsString::from_vec(b"/var/lib/awcp/mounts/\xff".to_vec());
+        let own: Vec<OsString> = vec!["awcp-mount".into(), "h:".into(), mp.clone()];
+        assert_eq!(command_line(own.clone()).unwrap(), own);
+        let helper: Vec<OsString> = vec![
+            "/sbin/mount.fuse.awcp".into(),
+            "h:".into(),
+            mp.clone(),
+            "-o".into(),
+            "ro,_netdev".into(),
+        ];
+        let want: Vec<OsString> = vec![
+            "awcp-mount".into(),
+            "h:".into(),
+            mp.clone(),
+            "-o".into(),
+            "ro".into(),
+        ];
+        assert_eq!(command_line(helper).unwrap(), want);
+        let bad_option = vec![
+            "mount.fuse.awcp".into(),
+            "h:".into(),
+            "/m".into(),
+            "-o".into(),
+            mp,
+        ];
+        let e = command_line(bad_option).unwrap_err();
+        assert!(e.contains("not valid UTF-8"), "{e}");
     }
 }
