@@ -890,7 +890,12 @@ async fn enforce_lease<R: Remote>(
             )
         }
     }
-    tokio::time::sleep_until(expired + grace).await;
+    // (The policy bounds the grace to a day; a sum that overflowed would be a grace that
+    // never ends, not a panic.)
+    match expired.checked_add(grace) {
+        Some(end) => tokio::time::sleep_until(end).await,
+        None => std::future::pending().await,
+    }
     tracing::warn!(
         "lease grace period over: unmounting {}",
         mountpoint.display()

@@ -103,7 +103,7 @@ struct QuotaFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct LeaseFile {
-    grace_seconds: Option<u64>,
+    grace_seconds: Option<toml::Spanned<u64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -154,6 +154,9 @@ impl Default for Policy {
         }
     }
 }
+
+/// Longest `[lease] grace_seconds`: a day between a lease's expiry and the unmount.
+pub const MAX_GRACE_SECONDS: u64 = 86_400;
 
 /// A policy that cannot be used, with where and why.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -244,11 +247,17 @@ impl Policy {
             symlinks: f.symlinks.unwrap_or(d.symlinks),
             max_bytes: q.max_bytes,
             max_files: q.max_files,
-            grace: Duration::from_secs(
-                f.lease
-                    .and_then(|l| l.grace_seconds)
-                    .unwrap_or(d.grace.as_secs()),
-            ),
+            grace: match f.lease.and_then(|l| l.grace_seconds) {
+                Some(g) if *g.get_ref() > MAX_GRACE_SECONDS => {
+                    return Err(PolicyError(format!(
+                        "{}[lease] grace_seconds = {}: must be between 0 and {MAX_GRACE_SECONDS} seconds (1 day)",
+                        at(file, text, g.span()),
+                        g.get_ref()
+                    )))
+                }
+                Some(g) => Duration::from_secs(g.into_inner()),
+                None => d.grace,
+            },
             cache,
             serve: f.serve.unwrap_or_default(),
             task: f.task.unwrap_or_default(),
@@ -550,6 +559,7 @@ mod tests {
             ("\n\nallowed_access_modes = []\n", "line 3"),
             ("[cache]\nattr_ttl = -1.0\n", "line 2"),
             ("[cache]\n\nmax_entries = 0\n", "line 3"),
+            ("[lease]\ngrace_seconds = 86401\n", "line 2"),
         ] {
             let e = parse(text).unwrap_err().0;
             assert!(
@@ -557,6 +567,27 @@ mod tests {
                 "{text:?}: {e}"
             );
         }
+    }
+
+    /// A grace period past a day is refused (a huge one overflowed `expiry + grace` and
+    /// panicked the executor endpoint); 0 (unmount at expiry) and a day are fine.
+    #[test]
+    fn grace_seconds_is_bounded() {
+        let e = parse("[lease]\ngrace_seconds = 9223372036854775807\n")
+            .unwrap_err()
+            .0;
+        assert!(
+            e.contains("grace_seconds") && e.contains("between 0 and 86400"),
+            "{e}"
+        );
+        assert_eq!(
+            parse("[lease]\ngrace_seconds = 0\n").unwrap().grace,
+            Duration::ZERO
+        );
+        assert_eq!(
+            parse("[lease]\ngrace_seconds = 86400\n").unwrap().grace,
+            Duration::from_secs(86_400)
+        );
     }
 
     #[test]

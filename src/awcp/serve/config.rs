@@ -13,6 +13,21 @@ use serde::Deserialize;
 use crate::awcp::protocol::SandboxProfile;
 
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/awcp/serve";
+/// Longest `[task] timeout_seconds`.
+pub const MAX_TIMEOUT_SECONDS: u64 = 30 * 86_400;
+/// Longest `[serve] retention_seconds`.
+pub const MAX_RETENTION_SECONDS: u64 = 30 * 86_400;
+
+/// A number of seconds that must be within `1..=max`; `fix` says what to write instead of a
+/// value outside it (after "set 1 to MAX" for one too large, instead of it for 0).
+fn seconds(n: u64, max: u64, zero_fix: &str, large_fix: &str) -> Result<u64, String> {
+    let range = format!("1..={max} seconds ({} days)", max / 86_400);
+    match n {
+        0 => Err(format!("0 is outside {range}: {zero_fix}")),
+        n if n > max => Err(format!("{n} is outside {range}: {large_fix}")),
+        n => Ok(n),
+    }
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -201,14 +216,34 @@ pub fn load(
         accept_unknown_host_keys: s.accept_unknown_host_keys.unwrap_or(false),
         max_concurrent: positive("max_concurrent", s.max_concurrent, 4)?,
         max_pending: positive("max_pending", s.max_pending, 16)?,
+        // Refused rather than cut to the longest lease AWCP allows: the operator would think
+        // longer leases are granted.
         max_ttl_seconds: match s.max_ttl_seconds {
-            Some(0) => return Err(key("max_ttl_seconds", "must be at least 1".into())),
-            Some(n) => n.min(crate::awcp::protocol::MAX_TTL_SECONDS),
+            Some(n) => {
+                let max = crate::awcp::protocol::MAX_TTL_SECONDS;
+                seconds(
+                    n,
+                    max,
+                    "a lease must last at least a second; set more, or leave the key out for 3600",
+                    &format!("that is longer than AWCP lets a lease last; set at most {max}"),
+                )
+                .map_err(|e| key("max_ttl_seconds", e))?
+            }
             None => 3600,
         },
         state_dir,
         max_body_bytes: positive("max_body_bytes", s.max_body_bytes, 1024 * 1024)?,
-        retention_seconds: s.retention_seconds.unwrap_or(7 * 86_400),
+        retention_seconds: match s.retention_seconds {
+            Some(n) => seconds(
+                n,
+                MAX_RETENTION_SECONDS,
+                "a finished delegation's result would be forgotten before its delegator could \
+                 fetch it; set at least 1, or leave the key out for 604800 (7 days)",
+                &format!("set at most {MAX_RETENTION_SECONDS}"),
+            )
+            .map_err(|e| key("retention_seconds", e))?,
+            None => 7 * 86_400,
+        },
     };
     if let Some(cmd) = &t.command {
         if cmd.is_empty() || cmd[0].is_empty() {
@@ -225,7 +260,20 @@ pub fn load(
     let task = TaskConfig {
         command: t.command,
         environment: t.environment.unwrap_or_default(),
-        timeout_seconds: t.timeout_seconds.filter(|n| *n > 0),
+        timeout_seconds: t
+            .timeout_seconds
+            .map(|n| {
+                seconds(
+                    n,
+                    MAX_TIMEOUT_SECONDS,
+                    "leave the key out for no timeout",
+                    &format!(
+                        "set at most {MAX_TIMEOUT_SECONDS}, or leave the key out for no timeout"
+                    ),
+                )
+                .map_err(|e| format!("{source}: [task] timeout_seconds: {e}"))
+            })
+            .transpose()?,
         allow_network: t.allow_network.unwrap_or(false),
         cwd_only: t.cwd_only.unwrap_or(true),
         allow_exec: t.allow_exec.unwrap_or(true),
@@ -283,6 +331,72 @@ mod tests {
             let e = load(&s, &t, "p.toml").unwrap_err();
             assert!(e.contains(want) && e.contains("p.toml"), "{text}: {e}");
         }
+    }
+
+    /// Durations are bounded when the file is read: a huge one overflowed `now + timeout` (or
+    /// `retention * 1000`) and panicked the endpoint, 0 meant "no timeout" or "forget at once",
+    /// and a `max_ttl_seconds` past AWCP's longest lease was silently cut to it. Each is
+    /// refused with a message that says what to write instead.
+    #[test]
+    fn durations_out_of_range_are_refused() {
+        for (text, want, fix) in [
+            (
+                "[task]\ntimeout_seconds = 0\n",
+                "[task] timeout_seconds",
+                "leave the key out for no timeout",
+            ),
+            (
+                "[task]\ntimeout_seconds = 9223372036854775807\n",
+                "[task] timeout_seconds",
+                "set at most 2592000",
+            ),
+            (
+                "[serve]\nretention_seconds = 0\n",
+                "[serve] retention_seconds",
+                "leave the key out for 604800",
+            ),
+            (
+                "[serve]\nretention_seconds = 9223372036854775807\n",
+                "[serve] retention_seconds",
+                "set at most 2592000",
+            ),
+            (
+                "[serve]\nmax_ttl_seconds = 0\n",
+                "[serve] max_ttl_seconds",
+                "leave the key out for 3600",
+            ),
+            (
+                "[serve]\nmax_ttl_seconds = 2592001\n",
+                "[serve] max_ttl_seconds",
+                "set at most 2592000",
+            ),
+        ] {
+            let (s, t) = tables(text);
+            let e = load(&s, &t, "p.toml").unwrap_err();
+            assert!(
+                e.contains(want) && e.contains(fix) && e.contains("p.toml"),
+                "{text}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations_at_their_bounds_are_kept() {
+        let (s, t) = tables(
+            "[serve]\nmax_ttl_seconds = 2592000\nretention_seconds = 2592000\n\
+             [task]\ntimeout_seconds = 2592000\n",
+        );
+        let (s, t) = load(&s, &t, "p.toml").unwrap();
+        assert_eq!(
+            (s.max_ttl_seconds, s.retention_seconds, t.timeout_seconds),
+            (2_592_000, 2_592_000, Some(2_592_000))
+        );
+        let (s, t) = tables("[task]\ntimeout_seconds = 1\n");
+        let (s, t) = load(&s, &t, "p.toml").unwrap();
+        assert_eq!(
+            (s.max_ttl_seconds, s.retention_seconds, t.timeout_seconds),
+            (3600, 604_800, Some(1))
+        );
     }
 
     #[test]

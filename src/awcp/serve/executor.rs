@@ -243,6 +243,13 @@ fn refuse(id: &str, code: ErrorCode, message: String, hint: &str) -> Message {
 pub const MAX_FINISHED_KEPT: usize = 256;
 
 /// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
+/// How long a finished delegation's result is kept: the INVITE's `retentionMs` if it asked
+/// for less than the policy's `retention_seconds`, else that (saturating, never overflowing).
+fn granted_retention_ms(asked: Option<u64>, retention_seconds: u64) -> u64 {
+    let most = retention_seconds.saturating_mul(1000);
+    asked.unwrap_or(most).min(most)
+}
+
 fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
@@ -367,10 +374,7 @@ impl Executor {
                 "the executor's mount root is misconfigured or holds a leftover of this id",
             );
         }
-        let retention_ms = inv
-            .retention_ms
-            .unwrap_or(s.serve.retention_seconds * 1000)
-            .min(s.serve.retention_seconds * 1000);
+        let retention_ms = granted_retention_ms(inv.retention_ms, s.serve.retention_seconds);
         let record = Record {
             id: id.clone(),
             state: AssignmentState::Pending,
@@ -773,5 +777,21 @@ impl Executor {
                 _ => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The INVITE may ask for a shorter retention, never a longer one; a policy value whose
+    /// milliseconds do not fit in 64 bits used to overflow (the policy refuses it now too).
+    #[test]
+    fn retention_is_the_shorter_and_never_overflows() {
+        assert_eq!(granted_retention_ms(None, 604_800), 604_800_000);
+        assert_eq!(granted_retention_ms(Some(5_000), 604_800), 5_000);
+        assert_eq!(granted_retention_ms(Some(u64::MAX), 10), 10_000);
+        assert_eq!(granted_retention_ms(None, u64::MAX), u64::MAX);
+        assert_eq!(granted_retention_ms(Some(7), u64::MAX), 7);
     }
 }

@@ -29,8 +29,19 @@ fn err(code: ErrorCode, message: String, hint: Option<String>) -> Outcome {
     }
 }
 
+/// A deadline that never comes (as far off as tokio lets a timer be, about 136 years).
+const NEVER: Duration = Duration::from_secs(u32::MAX as u64);
+
+/// `t + d`, saturating at [`NEVER`] from `t` rather than overflowing (which panics).
+fn later(t: tokio::time::Instant, d: Duration) -> tokio::time::Instant {
+    t + d.min(NEVER)
+}
+
 fn until(t: SystemTime) -> tokio::time::Instant {
-    tokio::time::Instant::now() + t.duration_since(SystemTime::now()).unwrap_or_default()
+    later(
+        tokio::time::Instant::now(),
+        t.duration_since(SystemTime::now()).unwrap_or_default(),
+    )
 }
 
 pub async fn run(
@@ -94,7 +105,7 @@ async fn supervise(
         );
     }
     let expires_text = format_rfc3339(expires);
-    let lease_end = until(expires + s.policy.grace);
+    let lease_end = later(until(expires), s.policy.grace);
 
     // 1. Mount, retrying once without the known_hosts check when the policy accepts unknown
     //    host keys and the file had no entry for this host.
@@ -179,8 +190,7 @@ async fn supervise(
         }
     }
     let timeout = s.task.timeout_seconds.map(Duration::from_secs);
-    let task_deadline =
-        tokio::time::Instant::now() + timeout.unwrap_or(Duration::from_secs(u32::MAX as u64));
+    let task_deadline = later(tokio::time::Instant::now(), timeout.unwrap_or(NEVER));
 
     // 3. Wait for whatever ends the delegation.
     let mount = mount_slot.as_mut().expect("mounted");
@@ -276,5 +286,26 @@ fn control_outcome(c: Option<Control>, t: Option<&RunningTask>) -> Outcome {
             "the executor is shutting down".into(),
             None,
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deadlines saturate: a grace period, task timeout or lease end too far off to add used
+    /// to panic the endpoint (`Instant + Duration` overflows); now it is a deadline that never
+    /// comes. (The policy refuses such values too; this guards the arithmetic itself.)
+    #[test]
+    fn far_deadlines_saturate_instead_of_panicking() {
+        let now = tokio::time::Instant::now();
+        assert_eq!(later(now, Duration::MAX), now + NEVER);
+        assert_eq!(
+            later(now, Duration::from_secs(30)),
+            now + Duration::from_secs(30)
+        );
+        let far = SystemTime::now() + Duration::from_secs(u64::from(u32::MAX) * 4);
+        assert!(until(far) <= tokio::time::Instant::now() + NEVER);
+        assert!(until(SystemTime::UNIX_EPOCH) <= tokio::time::Instant::now());
     }
 }
