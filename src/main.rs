@@ -75,7 +75,7 @@ struct Cli {
     mountpoint: Option<PathBuf>,
 
     /// SSH port (same as -o Port=PORT)
-    #[arg(short = 'p', value_name = "PORT")]
+    #[arg(short = 'p', value_name = "PORT", value_parser = awcp_mount::options::parse_port)]
     port: Option<u16>,
 
     /// Stay in the foreground (do not daemonize)

@@ -173,6 +173,20 @@ fn parse_secs(opt: &str, v: &str) -> Result<Duration, OptionError> {
     Ok(Duration::from_secs_f64(secs))
 }
 
+/// An SSH port, as `-p PORT` and `-o Port=PORT` take it: 1 to 65535 (0 is refused, as an
+/// AWCP START naming port 0 is).
+pub fn parse_port(v: &str) -> Result<u16, String> {
+    match v.parse::<u16>() {
+        Ok(0) => Err(
+            "0 is not a port: give the server's SSH port, 1 to 65535 (leave it out for 22)".into(),
+        ),
+        Ok(p) => Ok(p),
+        Err(_) => Err(format!(
+            "'{v}' is not a port: give the server's SSH port, 1 to 65535 (leave it out for 22)"
+        )),
+    }
+}
+
 fn parse_num<T: std::str::FromStr>(opt: &str, v: &str) -> Result<T, OptionError> {
     v.parse()
         .map_err(|_| bad(opt, format!("'{v}' is not a valid number")))
@@ -215,7 +229,7 @@ impl MountOptions {
                 return Ok(());
             }
             "port" => {
-                self.port = Some(parse_num(name, need(name, value)?)?);
+                self.port = Some(parse_port(need(name, value)?).map_err(|e| bad(name, e))?);
                 return Ok(());
             }
             "user" => {
@@ -250,7 +264,19 @@ impl MountOptions {
                 return Ok(());
             }
             "connecttimeout" => {
-                self.connect_timeout = Some(parse_secs(name, need(name, value)?)?);
+                let t = parse_secs(name, need(name, value)?)?;
+                // OpenSSH reads 0 as "no timeout", but a mount must not hang at its start
+                // (and here 0 would fail every connection at once).
+                if t < Duration::from_secs(1) {
+                    return Err(bad(
+                        name,
+                        format!(
+                            "must be at least 1 second, not '{}': give the seconds to wait for the server, as in {name}=30 (the default)",
+                            value.unwrap_or_default()
+                        ),
+                    ));
+                }
+                self.connect_timeout = Some(t);
                 return Ok(());
             }
             _ => {}
@@ -568,6 +594,31 @@ mod tests {
         assert!(o.sync_create);
         assert!(o.apply("attr_timeout").is_err());
         assert!(o.apply("max_conns=50").is_err());
+    }
+
+    /// `Port=0` and `-p 0` are refused, as START refuses port 0 (they used to reach the
+    /// connect, which failed with a confusing error); `ConnectTimeout=0` is refused rather than
+    /// becoming a zero timeout that fails every connect at once.
+    #[test]
+    fn port_0_and_connect_timeout_0_are_refused() {
+        let mut o = MountOptions::default();
+        let e = o.apply("Port=0").unwrap_err();
+        assert_eq!(e.option, "Port");
+        assert!(e.problem.contains("1 to 65535"), "{e}");
+        assert!(parse_port("0").unwrap_err().contains("1 to 65535"));
+        assert!(parse_port("65536").is_err());
+        assert_eq!(parse_port("2232"), Ok(2232));
+        assert_eq!(o.port, None);
+        for v in ["0", "0.5"] {
+            let e = o.apply(&format!("ConnectTimeout={v}")).unwrap_err();
+            assert!(
+                e.problem.contains("at least 1 second") && e.problem.contains("ConnectTimeout=30"),
+                "{e}"
+            );
+        }
+        assert_eq!(o.connect_timeout, None);
+        o.apply("ConnectTimeout=1").unwrap();
+        assert_eq!(o.connect_timeout, Some(Duration::from_secs(1)));
     }
 
     #[test]
