@@ -51,7 +51,7 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), String> {
 }
 
 /// The kernel's unmount (through fusermount3 for a user who may not call it).
-fn unmount_now(canonical: &Path, lazy: bool) -> Result<(), String> {
+pub(crate) fn unmount_now(canonical: &Path, lazy: bool) -> Result<(), String> {
     let flags = if lazy {
         nix::mount::MntFlags::MNT_DETACH
     } else {

@@ -253,32 +253,47 @@ pub fn classify(stderr: &str, status: &str) -> Failure {
     }
 }
 
-/// Unmount and wait for the mount process to end. Never deletes anything.
-pub async fn unmount(m: &mut MountChild, mp: &Path) {
+/// How long the teardown waits for the mount process once its mount is gone: it sends what
+/// it still holds (writes, unlinks answered early) for up to a minute (`LAST_FLUSH_WAIT`)
+/// before it exits; killed earlier, it would lose them.
+const EXIT_WAIT: Duration = Duration::from_secs(75);
+
+/// Unmount and wait for the mount process to end. Never deletes anything. An error if the
+/// process had to be killed: what it had not yet sent to the server is lost.
+pub async fn unmount(m: &mut MountChild, mp: &Path) -> Result<(), String> {
     let path = mp.to_path_buf();
     let _ = tokio::task::spawn_blocking(move || detach_or_unmount(&path)).await;
-    match tokio::time::timeout(Duration::from_secs(15), m.child.wait()).await {
-        Ok(_) => {}
+    match tokio::time::timeout(EXIT_WAIT, m.child.wait()).await {
+        Ok(_) => Ok(()),
         Err(_) => {
             tracing::warn!(
-                "mount process for {} did not exit after unmount; killing it",
+                "mount process for {} did not exit {EXIT_WAIT:?} after the unmount; killing it",
                 mp.display()
             );
             let _ = m.child.start_kill();
             let _ = m.child.wait().await;
             let path = mp.to_path_buf();
             let _ = tokio::task::spawn_blocking(move || detach_or_unmount(&path)).await;
+            Err(format!(
+                "the mount process did not finish sending the last changes to the server \
+                 within {EXIT_WAIT:?} of the unmount and was killed: some of them may be lost"
+            ))
         }
     }
 }
 
-/// `umount`, or a lazy detach when busy; only if our filesystem is mounted there.
+/// `umount`, or a lazy detach when busy; only if our filesystem is mounted there. Through
+/// `fusermount3` when this user may not unmount (`serve` run as a user, as SECURITY.md
+/// advises: `umount2` then fails with EPERM for every mount).
 pub fn detach_or_unmount(mp: &Path) {
     if !is_mounted(mp) {
         return;
     }
-    if nix::mount::umount2(mp, nix::mount::MntFlags::empty()).is_err() {
-        let _ = nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH);
+    if let Err(e) = crate::unmount::unmount_now(mp, false) {
+        tracing::debug!("{e}; detaching");
+        if let Err(e) = crate::unmount::unmount_now(mp, true) {
+            tracing::warn!("cannot unmount {}: {e}", mp.display());
+        }
     }
 }
 

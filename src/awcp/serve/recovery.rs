@@ -34,7 +34,10 @@ fn clean_up(r: &Record) {
     }
     if mounter::is_mounted(&r.mount_point) {
         tracing::warn!(id = %r.id, "unmounting the leftover mount {}", r.mount_point.display());
-        let _ = nix::mount::umount2(&r.mount_point, nix::mount::MntFlags::MNT_DETACH);
+        // (Through fusermount3 when serve runs as a user.)
+        if let Err(e) = crate::unmount::unmount_now(&r.mount_point, true) {
+            tracing::warn!(id = %r.id, "cannot unmount {}: {e}", r.mount_point.display());
+        }
     }
     if let Some(m) = &r.mount_process {
         // After a lazy detach its FUSE session ends; give it a moment to exit by itself

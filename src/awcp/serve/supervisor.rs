@@ -63,8 +63,19 @@ pub async fn run(
     if let Some(t) = task.as_mut() {
         t.stop().await;
     }
+    let mut outcome = outcome;
     if let Some(m) = mount.as_mut() {
-        mounter::unmount(m, &r.mount_point).await;
+        if let Err(lost) = mounter::unmount(m, &r.mount_point).await {
+            // Not "done": the delegator must not take the workspace for complete.
+            outcome = match outcome {
+                Outcome::Done { summary, .. } => err(
+                    ErrorCode::TransportError,
+                    format!("{lost} (the task had finished: {summary})"),
+                    Some("check the workspace for the task's last changes".into()),
+                ),
+                other => other,
+            };
+        }
     } else {
         let mp = r.mount_point.clone();
         let _ = tokio::task::spawn_blocking(move || mounter::detach_or_unmount(&mp)).await;
