@@ -1239,6 +1239,28 @@ fn clients_outside_allowed_clients_are_refused() {
     );
 }
 
+/// A client that starts a body and never ends it gets 408 (after 30 s), not a connection
+/// held for ever.
+#[test]
+fn a_body_that_never_ends_is_answered_408() {
+    use std::io::{Read, Write};
+    let serve = Serve::start(None, "", "", "");
+    let c = Client::new(serve.url());
+    let addr = c.base().trim_start_matches("http://").to_string();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "POST /awcp HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: 100\r\nConnection: close\r\n\r\n{{\"version\""
+    )
+    .unwrap();
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer:?}");
+    assert!(answer.contains("did not arrive"), "{answer}");
+}
+
 /// A minimal host A2A endpoint: answers every POST with an empty JSON-RPC result and hands
 /// the request bodies to the test.
 fn host_a2a() -> (u16, std::sync::mpsc::Receiver<Value>) {

@@ -97,6 +97,9 @@ async fn guard(
 /// goes out; past it the connection is closed.
 const DRAIN_LIMIT: usize = 64 * 1024 * 1024;
 
+/// How long a request's body may take to arrive.
+const BODY_READ_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// A body over the limit is read to its end (up to [`DRAIN_LIMIT`], keeping nothing past the
 /// limit) before the 413 is answered. A server that answers and closes with unread data in
 /// its socket makes the kernel reset the connection, and a client still sending then sees
@@ -109,21 +112,33 @@ async fn bounded_body(State(exec): Exec, req: Request, next: Next) -> Response {
     let mut chunks = body.into_data_stream();
     let mut kept = bytes::BytesMut::new();
     let mut total = 0usize;
-    while let Some(chunk) = chunks.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                return reply(
+    let read = async {
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| {
+                reply(
                     400,
                     json!({"error": format!("cannot read the request body: {e}")}),
                 )
+            })?;
+            total = total.saturating_add(chunk.len());
+            if total <= max {
+                kept.extend_from_slice(&chunk);
+            } else if total > DRAIN_LIMIT {
+                break;
             }
-        };
-        total = total.saturating_add(chunk.len());
-        if total <= max {
-            kept.extend_from_slice(&chunk);
-        } else if total > DRAIN_LIMIT {
-            break;
+        }
+        Ok(())
+    };
+    // A client that sends its body slowly, or never ends it, must not hold a connection
+    // (and its buffers) for ever.
+    match tokio::time::timeout(BODY_READ_WAIT, read).await {
+        Ok(Ok(())) => {}
+        Ok(Err(refused)) => return refused,
+        Err(_) => {
+            return reply(
+                408,
+                json!({"error": format!("the request body did not arrive within {BODY_READ_WAIT:?}; send it whole, at once")}),
+            )
         }
     }
     if total > max {
