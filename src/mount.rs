@@ -859,6 +859,19 @@ async fn remount_read_only(mountpoint: PathBuf) {
     }
 }
 
+/// Sleep until the wall clock reads `at`. Looked at again every 10 s: the timers run on the
+/// monotonic clock, which stops while the machine is suspended, and a lease ends by the
+/// wall clock (a laptop resumed after the lease's end must not keep a writable mount).
+async fn until_wall_clock(at: SystemTime) {
+    const LOOK_AGAIN: Duration = Duration::from_secs(10);
+    while let Ok(left) = at.duration_since(SystemTime::now()) {
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left.min(LOOK_AGAIN)).await;
+    }
+}
+
 /// At the lease's end: read-only at once, unmounted after the grace period.
 async fn enforce_lease<R: Remote>(
     fs: Arc<Fs<R>>,
@@ -866,10 +879,7 @@ async fn enforce_lease<R: Remote>(
     expires_at: SystemTime,
     grace: Duration,
 ) {
-    let wait = expires_at
-        .duration_since(SystemTime::now())
-        .unwrap_or_default();
-    tokio::time::sleep(wait).await;
+    until_wall_clock(expires_at).await;
     tracing::warn!(
         "the lease expired: the mount is read-only now and will be unmounted in {} s",
         grace.as_secs()

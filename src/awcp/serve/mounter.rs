@@ -263,7 +263,20 @@ const EXIT_WAIT: Duration = Duration::from_secs(75);
 pub async fn unmount(m: &mut MountChild, mp: &Path) -> Result<(), String> {
     let path = mp.to_path_buf();
     let _ = tokio::task::spawn_blocking(move || detach_or_unmount(&path)).await;
-    match tokio::time::timeout(EXIT_WAIT, m.child.wait()).await {
+    // And SIGTERM: a mount still being made (a cancel right after START) would mount after
+    // the unmount above and serve on; one whose mount is gone flushes what it holds on
+    // SIGTERM as it does at the end of its session, then exits.
+    if let Some(pid) = m.child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let exited = tokio::time::timeout(EXIT_WAIT, m.child.wait()).await;
+    // (A process ended between its mount and its signal handlers leaves a dead mount.)
+    let path = mp.to_path_buf();
+    let _ = tokio::task::spawn_blocking(move || detach_or_unmount(&path)).await;
+    match exited {
         Ok(_) => Ok(()),
         Err(_) => {
             tracing::warn!(
