@@ -654,7 +654,7 @@ fn serve<R: Remote>(
         }
         tracing::info!("signal received: flushing and unmounting");
         stop_requested.store(true, std::sync::atomic::Ordering::SeqCst);
-        last_flush(&signals_fs, "before the unmount").await;
+        let flushed = last_flush(&signals_fs, "before the unmount").await;
         let mp = mountpoint.clone();
         let _ = tokio::task::spawn_blocking(move || {
             if let Err(e) = unmounter.unmount() {
@@ -669,7 +669,7 @@ fn serve<R: Remote>(
         // stop (everything written has been flushed above).
         tokio::time::sleep(Duration::from_secs(5)).await;
         tracing::warn!("FUSE session still open 5 s after unmount; exiting anyway");
-        std::process::exit(0);
+        std::process::exit(if flushed { 0 } else { 1 });
     });
     readiness.ready();
     let result = match session.run() {
@@ -687,13 +687,21 @@ fn serve<R: Remote>(
     };
     // Writes still queued when the kernel let go (umount with open files is refused, so
     // normally none) get a last chance.
-    rt.block_on(last_flush(&fs, "at the end of the mount"));
+    let flushed = rt.block_on(last_flush(&fs, "at the end of the mount"));
     result.map_err(|e| {
         fail(
             MountErrorKind::Kernel,
             format!("FUSE session ended with an error: {e}"),
         )
-    })
+    })?;
+    match flushed {
+        true => Ok(()),
+        false => Err(fail(
+            MountErrorKind::Network,
+            "unmounted, but changes made through the mount did not all reach the server \
+             (see the log above); check the remote directory",
+        )),
+    }
 }
 
 /// What `status` reports about a mount besides live counters.
@@ -731,25 +739,33 @@ const ABANDONED_FLUSH_WAIT: Duration = Duration::from_secs(2);
 
 /// A last flush of everything acknowledged, bounded by [`LAST_FLUSH_WAIT`] (or
 /// [`ABANDONED_FLUSH_WAIT`]); what it could not send is said in the log.
-async fn last_flush<R: Remote>(fs: &Arc<Fs<R>>, when: &str) {
+/// False if some could not be sent (the process then ends with an error: `serve` must not
+/// report such a delegation done).
+async fn last_flush<R: Remote>(fs: &Arc<Fs<R>>, when: &str) -> bool {
     let wait = if FLUSH_ABANDONED.load(std::sync::atomic::Ordering::SeqCst) {
         ABANDONED_FLUSH_WAIT
     } else {
         LAST_FLUSH_WAIT
     };
     match tokio::time::timeout(wait, fs.flush_all()).await {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => return true,
         Ok(Err(e)) => tracing::warn!("some writes could not be flushed {when}: {e}"),
         Err(_) => tracing::error!(
             "the server did not take the writes still on their way within {wait:?} {when}: they are lost"
         ),
     }
+    false
 }
 
 /// Turn the mount read-only now: every mutating operation gets EROFS from this moment, writes
 /// already acknowledged are flushed to the server, and (as root) the kernel mount itself is
 /// remounted `ro` so tools see it in /proc/mounts too.
 pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<(), String> {
+    // One at a time (the lease's end and `awcp-mount downgrade` may meet): a second one
+    // turning the mount read-only while the first has the mapped pages written back would
+    // refuse those writes and lose the pages. (One mount per process.)
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _one = ONE_AT_A_TIME.lock().await;
     let first = !fs.is_read_only() && fs.refuse_changes_but_page_writeback();
     if first {
         write_back_mapped_pages(fs, mountpoint).await;
@@ -911,9 +927,12 @@ async fn enforce_lease<R: Remote>(
         mountpoint.display()
     );
     let _ = tokio::task::spawn_blocking(move || {
-        if nix::mount::umount2(&mountpoint, nix::mount::MntFlags::empty()).is_err() {
+        // (Through fusermount3 for a mount a user made: umount2 is root's.)
+        if crate::unmount::unmount_now(&mountpoint, false).is_err() {
             // Busy: detach; the files still open keep working read-only until closed.
-            let _ = nix::mount::umount2(&mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            if let Err(e) = crate::unmount::unmount_now(&mountpoint, true) {
+                tracing::error!("the lease is over, but the unmount failed: {e}");
+            }
         }
     })
     .await;

@@ -3674,17 +3674,32 @@ impl<R: Remote> Fs<R> {
                 let kill = (m & libc::S_ISUID) | sgid;
                 (kill != 0).then_some(m & !kill & 0o7777)
             });
-        let set = SetAttrs {
-            size,
-            perm,
-            ..Default::default()
-        };
-        if set.is_empty() {
+        if size.is_none() && perm.is_none() {
             return Ok((handle, attrs));
         }
-        if let Err(e) = self.remote.fsetstat(&handle, set).await {
-            let _ = self.remote.close(&handle).await;
-            return Err(self.explain_sized(Op::Setattr, e, path, 0).await);
+        if size.is_some() {
+            let set = SetAttrs {
+                size,
+                ..Default::default()
+            };
+            if let Err(e) = self.remote.fsetstat(&handle, set).await {
+                let _ = self.remote.close(&handle).await;
+                return Err(self.explain_sized(Op::Setattr, e, path, 0).await);
+            }
+        }
+        if perm.is_some() {
+            // Not a reason to fail the open, which has truncated the file already (a server
+            // whose user does not own the file, or that refuses FSETSTAT, keeps the bits).
+            let set = SetAttrs {
+                perm,
+                ..Default::default()
+            };
+            if let Err(e) = self.remote.fsetstat(&handle, set).await {
+                tracing::warn!(
+                    path = %path.display(),
+                    "open(O_TRUNC): the set-id bits could not be cleared: {e}"
+                );
+            }
         }
         Ok((handle, None))
     }

@@ -1131,6 +1131,29 @@ async fn open_with_o_trunc_clears_set_id_bits_but_for_root() {
         );
         assert_eq!(u32::from(a.perm), left, "{name}: shown");
     }
+    // A server that refuses to change the mode: the open, which has truncated the file
+    // already, still succeeds.
+    std::fs::write(h.disk("user"), b"data").unwrap();
+    std::fs::set_permissions(h.disk("user"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let ino = h.lookup(ROOT, "user").await;
+    h.plan.fail_always(
+        ROp::Fsetstat,
+        RemoteError::Status(Status::PermissionDenied, "no".into()),
+    );
+    let req = OpenRequest {
+        flags: libc::O_WRONLY | libc::O_TRUNC,
+        pid: 0,
+        caller: Caller {
+            uid: 1000,
+            gid: 1000,
+        },
+    };
+    let fh =
+        h.fs.open(ino, req)
+            .await
+            .expect("open with the mode refused");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(h.meta("user").len(), 0);
 }
 
 /// `keep_cache`: an open leaves the kernel's pages of a file in place while every one of

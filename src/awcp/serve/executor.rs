@@ -242,7 +242,6 @@ fn refuse(id: &str, code: ErrorCode, message: String, hint: &str) -> Message {
 /// The most finished delegations kept (see [`Executor::make_room_for_results`]).
 pub const MAX_FINISHED_KEPT: usize = 256;
 
-/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
 /// How long a finished delegation's result is kept: the INVITE's `retentionMs` if it asked
 /// for less than the policy's `retention_seconds`, else that (saturating, never overflowing).
 fn granted_retention_ms(asked: Option<u64>, retention_seconds: u64) -> u64 {
@@ -250,6 +249,7 @@ fn granted_retention_ms(asked: Option<u64>, retention_seconds: u64) -> u64 {
     asked.unwrap_or(most).min(most)
 }
 
+/// Constant-time comparison, so the token cannot be guessed byte by byte from timings.
 fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len() && a.bytes().zip(b.bytes()).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }

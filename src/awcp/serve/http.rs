@@ -134,6 +134,8 @@ async fn bounded_body(State(exec): Exec, req: Request, next: Next) -> Response {
     match tokio::time::timeout(BODY_READ_WAIT, read).await {
         Ok(Ok(())) => {}
         Ok(Err(refused)) => return refused,
+        // (Past the limit already: the 413 it would have got.)
+        Err(_) if total > max => return too_large(max),
         Err(_) => {
             return reply(
                 408,

@@ -129,7 +129,11 @@ async fn shut_down(exec: &Executor) {
             })
         })
         .collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(25);
+    // A teardown stops the task (up to 7 s), then waits up to 75 s for the mount process
+    // to send its last changes (`mounter::unmount`): cut short, they would be lost, and
+    // the delegation left without its final event. (The packaged unit's TimeoutStopSec
+    // leaves room for it.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(85);
     while tokio::time::Instant::now() < deadline
         && active.iter().any(|d| !d.snapshot().state.is_terminal())
     {

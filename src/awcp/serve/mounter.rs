@@ -277,7 +277,12 @@ pub async fn unmount(m: &mut MountChild, mp: &Path) -> Result<(), String> {
     let path = mp.to_path_buf();
     let _ = tokio::task::spawn_blocking(move || detach_or_unmount(&path)).await;
     match exited {
-        Ok(_) => Ok(()),
+        Ok(Ok(status)) if status.success() => Ok(()),
+        Ok(Ok(status)) => Err(format!(
+            "the mount process ended with {status} after the unmount: the last changes made \
+             through the mount may not all have reached the server (its mount.log says which)"
+        )),
+        Ok(Err(e)) => Err(format!("cannot wait for the mount process: {e}")),
         Err(_) => {
             tracing::warn!(
                 "mount process for {} did not exit {EXIT_WAIT:?} after the unmount; killing it",

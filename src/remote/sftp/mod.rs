@@ -234,8 +234,9 @@ impl Connection {
                 Ok(Ok(other)) => debug!("limits@openssh.com answered {}", other.kind_name()),
                 Ok(Err(e)) => debug!("limits@openssh.com failed: {e}"),
                 Err(_) => {
-                    return Err(ConnectError::sftp(format!(
-                        "{}: the SFTP server did not answer limits@openssh.com within {:?}",
+                    return Err(ConnectError::network(format!(
+                        "{}: the SFTP server did not answer limits@openssh.com within {:?} \
+                         (a slow server or link: raise -o ConnectTimeout)",
                         cfg.host_port(),
                         cfg.connect_timeout
                     )))
