@@ -4839,6 +4839,17 @@ impl<R: Remote> Fs<R> {
                 Err(e) => Err(e),
             };
             file.settle().await;
+            if let Err(e @ RemoteError::Status(..)) = synced {
+                // The server's fsync(2) failed (a disk error): reported, after a failed write
+                // of the descriptor's. Not tried again below: on Linux a second fsync of the
+                // same descriptor answers 0, the error having been told once.
+                self.written_through_settled(&file).await;
+                if let Some(failure) = fsync_failure(&file) {
+                    return Err(self.write_failure(&file, failure).await);
+                }
+                let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
+                return Err(self.explain(Op::Fsync, e, &path, None).await);
+            }
             let clean = matches!(synced, Ok(()) | Err(RemoteError::Unsupported(_)))
                 && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
             if clean {

@@ -2693,6 +2693,38 @@ async fn wb_a_failed_early_write_back_is_reported_by_the_next_fsync() {
     h.fs.release(fh).await.unwrap();
 }
 
+/// The server's fsync sent right behind writes on their way fails (a disk error): that
+/// fsync(2) reports it, rather than trying again, which on Linux answers 0 once the error
+/// has been told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wb_fsync_behind_writes_reports_the_servers_failure() {
+    let h = Harness::new();
+    let (_, fh) = h.create_written(b"first").await;
+    // The write on the wire, its answer held: the FSYNC goes right behind it.
+    h.plan.hold_replies(ROp::Write);
+    h.write(fh, 5, b"-more").await;
+    h.plan.until_held(ROp::Write, 1).await;
+    h.plan.fail_next(
+        ROp::Fsync,
+        1,
+        RemoteError::Status(Status::Failure, "I/O error".into()),
+    );
+    let fsyncs = h.plan.calls(ROp::Fsync);
+    let fsync = {
+        let fs = h.fs.clone();
+        tokio::spawn(async move { fs.fsync(fh).await })
+    };
+    eventually("the FSYNC sent behind the write", || {
+        h.plan.calls(ROp::Fsync) > fsyncs
+    })
+    .await;
+    h.plan.release(ROp::Write);
+    assert!(fsync.await.unwrap().is_err(), "the server's fsync failure");
+    assert_eq!(h.plan.calls(ROp::Fsync), fsyncs + 1, "sent once");
+    h.fs.release(fh).await.unwrap();
+    assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"first-more");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_o_append() {
     let h = Harness::new();
