@@ -587,11 +587,13 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
                     // Vanished between listing and now: leave it out.
                     Err(_) => continue,
                 };
+                // One TTL for the entry and its attributes (fuser's readdirplus has no
+                // other): the shorter, or `attr_timeout` would not hold for what `ls -l` shows.
                 if reply.add(
                     INodeNo(entry.attr.ino),
                     item.next_offset,
                     &item.name,
-                    &entry.entry_ttl,
+                    &entry.entry_ttl.min(entry.attr_ttl),
                     &fuse_attr(&entry.attr),
                     Generation(0),
                 ) {
@@ -802,8 +804,9 @@ impl<R: Remote> Filesystem for FuseAdapter<R> {
         };
         self.spawn("create", req, async move {
             match fs.create(parent.0, &name, mode, umask, open).await {
+                // (One TTL for both, as in readdirplus: the shorter.)
                 Ok((e, fh)) => reply.created(
-                    &e.entry_ttl,
+                    &e.entry_ttl.min(e.attr_ttl),
                     &fuse_attr(&e.attr),
                     Generation(0),
                     FileHandle(fh),

@@ -1730,7 +1730,13 @@ impl<R: Remote> Fs<R> {
         // (Together: the check costs no round trip of its own; an answer from outside is
         // dropped.)
         let (inside, entry) = tokio::join!(self.dir_inside(parent), self.lookup_name(parent, name));
-        inside?;
+        if let Err(e) = inside {
+            // The kernel gets no entry: the lookup the answer counted is given back.
+            if let Ok(entry) = &entry {
+                self.forget(entry.attr.ino, 1);
+            }
+            return Err(e);
+        }
         let entry = entry?;
         if entry.attr.kind == FileKind::Dir {
             self.prefetch_dir(entry.attr.ino);
@@ -1792,6 +1798,8 @@ impl<R: Remote> Fs<R> {
             let mut cache = self.cache.lock().unwrap();
             let since = cache.now();
             if cache.is_negative(parent, name) {
+                drop(cache);
+                self.name_gone(parent, name);
                 return Err(FsError::new(
                     libc::ENOENT,
                     format!("{}: no such file (cached)", path.display()),
@@ -1805,6 +1813,8 @@ impl<R: Remote> Fs<R> {
                     return Ok(self.entry_from_listing(attr, taken));
                 }
                 Some(None) => {
+                    drop(cache);
+                    self.name_gone(parent, name);
                     return Err(FsError::new(
                         libc::ENOENT,
                         format!("{}: not in listing", path.display()),
@@ -1834,6 +1844,7 @@ impl<R: Remote> Fs<R> {
                 match listing.iter().find(|e| e.name == name) {
                     // (Unless the name was created meanwhile: then the server is asked.)
                     None if self.put_negative_since(parent, name, since) => {
+                        self.name_gone(parent, name);
                         return Err(FsError::new(
                             libc::ENOENT,
                             format!("{}: not in listing", path.display()),
@@ -1861,8 +1872,7 @@ impl<R: Remote> Fs<R> {
             }
             Err(RemoteError::Status(Status::NoSuchFile, _)) => {
                 self.put_negative_since(parent, name, since);
-                // If the kernel still had an inode for this name, it is gone now.
-                self.inodes.lock().unwrap().detach_name(parent, name);
+                self.name_gone(parent, name);
                 Err(FsError::new(
                     libc::ENOENT,
                     format!("{}: no such file", path.display()),
@@ -1882,6 +1892,14 @@ impl<R: Remote> Fs<R> {
             cache.put_negative(parent, name);
         }
         fresh
+    }
+
+    /// A lookup found no `name` in `parent`: if the kernel still had an inode for it (a file
+    /// another client removed on the server, held open here), that inode no longer has the
+    /// name, and a file made by it later is another inode (else the old descriptor would
+    /// share the new file's kernel inode, its size and its pages).
+    fn name_gone(&self, parent: Ino, name: &OsStr) {
+        self.inodes.lock().unwrap().detach_name(parent, name);
     }
 
     pub fn forget(&self, ino: Ino, nlookup: u64) {
@@ -3334,6 +3352,8 @@ impl<R: Remote> Fs<R> {
             Ok(a) => a,
             Err(e) => {
                 self.name_uncertain(new_parent, new_name);
+                // The kernel gets no entry: the lookup `add_link` counted is given back.
+                self.forget(ino, 1);
                 return Err(self.explain(Op::Lookup, e, &new, None).await);
             }
         };
@@ -3934,6 +3954,8 @@ impl<R: Remote> Fs<R> {
         };
         self.runtime().spawn(async move {
             let (fs, name) = (&landing.fs, &landing.name);
+            // Set when the name was taken on the server and that file opened instead.
+            let mut existing = false;
             let outcome = match fs.remote.open_stat(&path, flags, perm).await {
                 Ok((handle, mut attrs)) => {
                     if attrs.mode.is_some_and(|m| m & 0o7777 != perm) {
@@ -3956,12 +3978,13 @@ impl<R: Remote> Fs<R> {
                 Err(RemoteError::Status(Status::Failure, why)) if !asked_exclusive => {
                     match fs.remote.lstat(&path).await {
                         Ok(a) if a.file_type() == FileKind::File => {
-                            let existing = OpenFlags {
+                            existing = true;
+                            let flags = OpenFlags {
                                 exclusive: false,
                                 create: false,
                                 ..flags
                             };
-                            fs.remote.open_stat(&path, existing, perm).await
+                            fs.remote.open_stat(&path, flags, perm).await
                         }
                         _ => Err(RemoteError::Status(Status::Failure, why)),
                     }
@@ -3972,7 +3995,12 @@ impl<R: Remote> Fs<R> {
             // outcome left them: they are brought up to date first.
             match outcome {
                 Ok((handle, attrs)) => {
-                    file.landed(&attrs);
+                    match existing && attrs.size != Some(0) {
+                        // Another's file, with its own content: not the empty file this
+                        // descriptor assumed it made (its size is the server's to say).
+                        true => file.update_created(None),
+                        false => file.landed(&attrs),
+                    }
                     fs.attrs_changed_as_of(ino, attrs, since);
                     pending.opened(Ok(handle));
                 }

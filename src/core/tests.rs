@@ -2725,6 +2725,26 @@ async fn wb_fsync_behind_writes_reports_the_servers_failure() {
     assert_eq!(std::fs::read(h.disk("f")).unwrap(), b"first-more");
 }
 
+/// A file held open here and removed on the server by someone else: once a listing shows
+/// its name gone, a file made under the name is a new inode, not the old one again (the
+/// old descriptor would share the new file's kernel inode, size and pages).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_gone_from_a_listing_is_made_again_as_a_new_inode() {
+    let h = Harness::new();
+    std::fs::write(h.disk("f"), b"old").unwrap();
+    let old = h.lookup(ROOT, "f").await;
+    let fh = h.open(old, libc::O_RDONLY).await;
+    std::fs::remove_file(h.disk("f")).unwrap();
+    let dh = h.fs.opendir(ROOT).await.unwrap();
+    h.fs.readdir(dh, 0).await.unwrap();
+    h.fs.releasedir(dh);
+    assert_errno(h.fs.lookup(ROOT, os("f")).await, libc::ENOENT, "lookup");
+    let (new, nfh) = h.create(ROOT, "f").await;
+    assert_ne!(new, old, "the new file got the old inode");
+    h.fs.release(nfh).await.unwrap();
+    h.fs.release(fh).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wb_o_append() {
     let h = Harness::new();

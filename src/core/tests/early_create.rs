@@ -379,3 +379,23 @@ async fn tar_s_writes_and_changes_behind_the_open_go_out_merged() {
     );
     assert_eq!(h.fs.stats.setattrs_merged.load(Ordering::Relaxed), 2);
 }
+
+/// `open(O_CREAT)` without `O_EXCL`, answered early, finds the name taken on the server by
+/// another client's file: that file is opened, and its size is the server's, not the empty
+/// file the descriptor assumed it made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_that_opened_another_clients_file_shows_its_size() {
+    let h = Harness::new();
+    let d = h.mkdir(ROOT, "d").await;
+    fs::write(h.disk("d/f"), b"twelve bytes").unwrap();
+    let flags = libc::O_RDWR | libc::O_CREAT;
+    let (e, fh) =
+        h.fs.create(d, OsStr::new("f"), FILE_MODE, UMASK, as_root(flags))
+            .await
+            .unwrap();
+    h.fs.flush(fh).await.unwrap();
+    let (a, _) = h.fs.getattr(e.attr.ino, Some(fh)).await.unwrap();
+    assert_eq!(a.size, 12, "the size of the file opened");
+    assert_eq!(h.read(fh, 0, 100).await, b"twelve bytes");
+    h.fs.release(fh).await.unwrap();
+}
