@@ -795,8 +795,9 @@ pub async fn downgrade<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) -> Result<
 /// which after the downgrade would be refused (EROFS) and lose them. `syncfs` would start
 /// that writeback but, on FUSE, not wait for it (the kernel does not let a FUSE server hold
 /// up `sync`); `fsync` of a file does wait, so each such file is opened through the mount and
-/// fsynced, while the kernel's writes of its pages are still accepted. Bounded, so that a server that stopped answering
-/// cannot hold up the downgrade (the pages are then lost as before, and `msync` says so).
+/// fsynced, while the kernel's writes of its pages are still accepted. Bounded, so that a
+/// server that stopped answering cannot hold up the downgrade (the pages are then lost as
+/// before, and `msync` says so).
 /// A file whose name was removed cannot be opened again, and is left to its descriptors.
 async fn write_back_mapped_pages<R: Remote>(fs: &Arc<Fs<R>>, mountpoint: &Path) {
     let files: Vec<PathBuf> = fs
