@@ -928,12 +928,9 @@ async fn enforce_lease<R: Remote>(
         mountpoint.display()
     );
     let _ = tokio::task::spawn_blocking(move || {
-        // (Through fusermount3 for a mount a user made: umount2 is root's.)
-        if crate::unmount::unmount_now(&mountpoint, false).is_err() {
-            // Busy: detach; the files still open keep working read-only until closed.
-            if let Err(e) = crate::unmount::unmount_now(&mountpoint, true) {
-                tracing::error!("the lease is over, but the unmount failed: {e}");
-            }
+        // (Busy: detached; the files still open keep working read-only until closed.)
+        if let Err(e) = crate::unmount::unmount_or_detach(&mountpoint) {
+            tracing::error!("the lease is over, but the unmount failed: {e}");
         }
     })
     .await;

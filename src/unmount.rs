@@ -50,6 +50,13 @@ pub fn unmount(path: &Path, lazy: bool) -> Result<(), String> {
     Ok(())
 }
 
+/// Unmount `path`, or detach it lazily when busy (its open files keep working until they are
+/// closed); through fusermount3 for a user who may not call umount2. The last error if
+/// neither worked.
+pub(crate) fn unmount_or_detach(path: &Path) -> Result<(), String> {
+    unmount_now(path, false).or_else(|_| unmount_now(path, true))
+}
+
 /// The kernel's unmount (through fusermount3 for a user who may not call it).
 pub(crate) fn unmount_now(canonical: &Path, lazy: bool) -> Result<(), String> {
     let flags = if lazy {

@@ -4875,8 +4875,7 @@ impl<R: Remote> Fs<R> {
                 if let Some(failure) = fsync_failure(&file) {
                     return Err(self.write_failure(&file, failure).await);
                 }
-                let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
-                return Err(self.explain(Op::Fsync, e, &path, None).await);
+                return Err(self.fsync_refused(&file, e).await);
             }
             let clean = matches!(synced, Ok(()) | Err(RemoteError::Unsupported(_)))
                 && self.stats.writes_sent_again.load(Ordering::Relaxed) == sent_again;
@@ -4907,11 +4906,14 @@ impl<R: Remote> Fs<R> {
         self.written_through_settled(&file).await;
         match result {
             Ok(()) | Err(RemoteError::Unsupported(_)) => Ok(()),
-            Err(e) => {
-                let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
-                Err(self.explain(Op::Fsync, e, &path, None).await)
-            }
+            Err(e) => Err(self.fsync_refused(&file, e).await),
         }
+    }
+
+    /// The server's fsync of `file` failed with `e`: the errno a local disk would give.
+    async fn fsync_refused(&self, file: &OpenFile<R>, e: RemoteError) -> FsError {
+        let path = self.path_of(file.ino).unwrap_or_else(|_| self.root.clone());
+        self.explain(Op::Fsync, e, &path, None).await
     }
 
     /// Last close: the handle goes away. Errors cannot reach the application any more (the

@@ -307,11 +307,8 @@ pub fn detach_or_unmount(mp: &Path) {
     if !is_mounted(mp) {
         return;
     }
-    if let Err(e) = crate::unmount::unmount_now(mp, false) {
-        tracing::debug!("{e}; detaching");
-        if let Err(e) = crate::unmount::unmount_now(mp, true) {
-            tracing::warn!("cannot unmount {}: {e}", mp.display());
-        }
+    if let Err(e) = crate::unmount::unmount_or_detach(mp) {
+        tracing::warn!("cannot unmount {}: {e}", mp.display());
     }
 }
 
